@@ -1,0 +1,3 @@
+from flowserve.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,21 @@
+"""``flowserve bench`` workloads: each measures flowserve and its baseline in the same run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from flowserve.runtime.settings import KafkaSettings
+
+
+def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> dict[str, Any]:
+    if workload == "passthrough":
+        from flowserve.bench.passthrough import passthrough
+
+        return asyncio.run(passthrough(kafka, records=args.records))
+    if workload == "latency":
+        from flowserve.bench.latency import latency
+
+        return asyncio.run(latency(kafka, rate=args.rate, seconds=args.seconds))
+    raise ValueError(f"unknown workload {workload}")

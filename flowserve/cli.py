@@ -1,0 +1,282 @@
+"""The ``flowserve`` command line. Heavy imports (torch, aiokafka) happen inside commands, not here."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from flowserve.errors import FlowserveError
+
+console = Console(stderr=True)
+out = Console()
+
+
+def _topology(path: str):  # noqa: ANN202 - returns flowserve.topology.Topology
+    from flowserve.topology import load_topology
+
+    return load_topology(path)
+
+
+@contextlib.contextmanager
+def _broker(address: str | None, kind: str) -> Iterator[str]:
+    """Yield a bootstrap address: the given one, or a broker started here for the duration."""
+    if address:
+        yield address
+        return
+    from flowserve.runtime.brokers import start_broker
+
+    with console.status(f"starting the {kind} broker…"):
+        broker = start_broker(kind)  # type: ignore[arg-type]
+    note = " (memory only: data is gone when flowserve exits)" if kind == "embedded" else ""
+    console.print(f"[green]broker[/] {broker.name} at {broker.bootstrap}{note}")
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+def _kafka(bootstrap: str):  # noqa: ANN202
+    from flowserve.runtime.settings import KafkaSettings
+
+    return KafkaSettings.from_env(bootstrap)
+
+
+# -- commands ---------------------------------------------------------------------------------------
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    status = 0
+    for path in args.topology:
+        try:
+            topology = _topology(path)
+        except FlowserveError as exc:
+            console.print(f"[red]✗[/] {exc}")
+            status = 1
+            continue
+        out.print(f"[green]✓[/] {path}: topology '{topology.name}' with {len(topology.nodes)} nodes is valid")
+    return status
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from flowserve.topology.render import RENDERERS
+
+    print(RENDERERS[args.format](_topology(args.topology)))
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    topology = _topology(args.topology)
+    partitions = args.partitions or topology.spec.partitions
+    if args.create:
+        from flowserve.runtime.kafka import ensure_topics
+
+        if not args.broker:
+            raise FlowserveError("--create needs --broker host:port")
+        created = asyncio.run(ensure_topics(_kafka(args.broker), topology.topics(), partitions,
+                                            max_message_bytes=topology.spec.max_message_bytes))
+        console.print(f"created {len(created)} topic(s) with {partitions} partitions")
+    for topic in topology.topics():
+        print(topic)
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from components.models import train_all
+
+    train_all(args.models or None)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from flowserve.runtime.settings import WorkerSettings
+    from flowserve.runtime.worker import StageWorker
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    topology = _topology(args.topology)
+    if args.node not in topology.nodes:
+        raise FlowserveError(f"topology '{topology.name}' has no node '{args.node}' "
+                             f"(nodes: {', '.join(topology.nodes)})")
+
+    async def main() -> None:
+        worker = StageWorker(topology, args.node, _kafka(args.broker),
+                             WorkerSettings(stats_interval_s=args.stats_interval))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        await worker.run()
+
+    asyncio.run(main())
+    return 0
+
+
+def _prepare(topology: Any) -> None:
+    """Run each component's one-time preparation (e.g. train a missing model) before workers start."""
+    for node in topology.nodes.values():
+        node.component.prepare()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from flowserve.runtime.host import ProcessHost, create_topology_topics
+
+    topology = _topology(args.topology)
+    with console.status("preparing components…"):
+        _prepare(topology)
+    with _broker(args.broker, args.broker_kind) as bootstrap:
+        kafka = _kafka(bootstrap)
+        host = ProcessHost(Path(args.topology), topology, kafka,
+                           log_dir=Path(args.log_dir) if args.log_dir else None)
+        asyncio.run(create_topology_topics(topology, kafka))
+        host.start_processes()
+        workers = sum(len(p) for p in host.procs.values())
+        console.print(f"[green]running[/] topology '{topology.name}': {workers} worker process(es); "
+                      f"send to [bold]{topology.inputs_topic}[/], read [bold]{topology.outputs_topic}[/]")
+        try:
+            if args.sample:
+                return _sample(topology, kafka, args)
+            console.print("Ctrl-C to stop")
+            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+            return 0
+        finally:
+            with console.status("stopping workers…"):
+                host.stop()
+
+
+def _sample(topology: Any, kafka: Any, args: argparse.Namespace) -> int:
+    from flowserve.runtime.traffic import run_sample
+
+    with console.status(f"waiting for the pipeline, then sending {args.sample} sample requests…"):
+        report = asyncio.run(run_sample(topology, kafka, args.sample, concurrency=args.concurrency))
+    table = Table(title=f"{topology.name}: first predictions")
+    table.add_column("request id")
+    table.add_column("predicted")
+    table.add_column("label")
+    for rid, predicted, label in report.predictions:
+        mark = "" if label is None else (" ✓" if predicted == label else " ✗")
+        table.add_row(rid[:12], f"{predicted}{mark}", str(label))
+    out.print(table)
+    summary = report.to_dict()
+    acc = f"{summary['accuracy']:.3f}" if summary["accuracy"] is not None else "n/a"
+    out.print(f"sent {report.sent}  ok {report.ok}  errors {report.errors}  timeouts {report.timeouts}  "
+              f"accuracy {acc}  latency p50 {summary['p50_ms']:.1f} ms  p99 {summary['p99_ms']:.1f} ms  "
+              f"throughput {summary['throughput_rps']:.0f} req/s (concurrency {args.concurrency})")
+    for err in report.error_samples:
+        console.print(f"[red]error:[/] {err}")
+    print(json.dumps(summary))
+    return 0 if report.ok == report.sent else 1
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from flowserve.runtime.brokers import ApacheKafka, EmbeddedBroker
+
+    if args.kind == "embedded":
+        broker: Any = EmbeddedBroker.start(port=args.port)
+    else:
+        broker = ApacheKafka.start(nodes=args.nodes, port=args.port)
+    print(broker.bootstrap, flush=True)
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        broker.stop()
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from flowserve.bench import run_bench
+
+    with _broker(args.broker, args.broker_kind) as bootstrap:
+        result = run_bench(args.workload, _kafka(bootstrap), args)
+    print(json.dumps(result))
+    return 0
+
+
+# -- parser -----------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flowserve", description=__doc__.splitlines()[0] if __doc__ else "")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def broker_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--broker", help="bootstrap host:port of a running Kafka (default: start one here)")
+        p.add_argument("--broker-kind", choices=["embedded", "kafka"], default="embedded",
+                       help="which broker to start when --broker is not given (default: embedded)")
+
+    p = sub.add_parser("run", help="run every node of a topology locally (one process per worker)")
+    p.add_argument("topology")
+    broker_opts(p)
+    p.add_argument("--sample", type=int, default=0, metavar="N",
+                   help="send N sample requests, print predictions, accuracy and latency, then exit")
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight during --sample")
+    p.add_argument("--log-dir", help="write each worker's log here")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("worker", help="run one node of a topology (scale out: start more in the same group)")
+    p.add_argument("topology")
+    p.add_argument("node")
+    p.add_argument("--broker", required=True)
+    p.add_argument("--stats-interval", type=float, default=0.0, help="log counters every N seconds")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("validate", help="validate topology files")
+    p.add_argument("topology", nargs="+")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("graph", help="print the FBP graph of a topology")
+    p.add_argument("topology")
+    p.add_argument("--format", choices=["text", "mermaid", "dot"], default="text")
+    p.set_defaults(func=cmd_graph)
+
+    p = sub.add_parser("topics", help="list a topology's topics, or create them")
+    p.add_argument("topology")
+    p.add_argument("--create", action="store_true")
+    p.add_argument("--partitions", type=int)
+    p.add_argument("--broker")
+    p.set_defaults(func=cmd_topics)
+
+    p = sub.add_parser("train", help="train and cache the bundled models (digits), printing held-out accuracy")
+    p.add_argument("models", nargs="*")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("broker", help="start a broker on loopback and keep it running")
+    p.add_argument("--kind", choices=["embedded", "kafka"], default="embedded")
+    p.add_argument("--nodes", type=int, default=1, help="Apache Kafka only: 1 or 3 brokers")
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser("bench", help="benchmarks: flowserve and its baseline in one run, with the ratio")
+    p.add_argument("workload", choices=["passthrough", "latency"])
+    broker_opts(p)
+    p.add_argument("--records", type=int, default=200_000, help="passthrough: records per contender")
+    p.add_argument("--rate", type=float, default=50.0, help="latency: requests per second")
+    p.add_argument("--seconds", type=float, default=20.0, help="latency: how long to send")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # Components are referenced as module:Class; let modules beside the user resolve like `python -m` does.
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        return int(args.func(args) or 0)
+    except FlowserveError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The component contract: declared ports, typed parameters, a lifecycle, a vectorised ``process``.
+
+A component is written once and wired into any number of topologies::
+
+    from flowserve import Component, Port
+
+    class Normalize(Component):
+        inputs = {"pixels": Port("FP32", [-1, 64])}
+        outputs = {"x": Port("FP32", [-1, 64])}
+
+        def process(self, batch):
+            return {"x": batch["pixels"] / 16.0}
+
+``process`` sees the tensors of many requests concatenated along the leading dimension and returns
+arrays with the same leading dimension. It may return a :class:`Result` to emit on only some ports for
+some items (conditional routing) or to fail single items without failing the batch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from flowserve.errors import ComponentError, WireError
+from flowserve.wire.tensors import DATATYPES
+
+
+@dataclass(frozen=True, slots=True)
+class Port:
+    """A tensor port: V2 datatype and shape (-1 for a variable dimension; the first is the batch)."""
+
+    datatype: str
+    shape: tuple[int, ...] | list[int] = (-1,)
+    allow_nan: bool = True
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.datatype not in DATATYPES:
+            raise ComponentError(f"port datatype {self.datatype!r} is not one of {', '.join(DATATYPES)}")
+        object.__setattr__(self, "shape", tuple(self.shape))
+        if not self.shape or any(not isinstance(d, int) or d < -1 for d in self.shape):
+            raise ComponentError(f"port shape {list(self.shape)} must be a non-empty list of ints >= -1")
+
+    def compatible(self, other: Port) -> str | None:
+        """Why a tensor of this port cannot feed ``other``, or None when it can."""
+        if self.datatype != other.datatype:
+            return f"datatype {self.datatype} does not match {other.datatype}"
+        if len(self.shape) != len(other.shape):
+            return f"shape {list(self.shape)} has rank {len(self.shape)}, expected {list(other.shape)}"
+        for a, b in zip(self.shape, other.shape, strict=True):
+            if a != -1 and b != -1 and a != b:
+                return f"shape {list(self.shape)} does not fit {list(other.shape)}"
+        return None
+
+    def check(self, name: str, array: np.ndarray) -> None:
+        """Raise :class:`WireError` unless ``array`` fits this port."""
+        expected = DATATYPES[self.datatype]
+        actual_kind_ok = array.dtype == expected or (self.datatype == "BYTES" and array.dtype.kind in "OSU")
+        if not actual_kind_ok:
+            raise WireError(f"port '{name}' takes {self.datatype}, got {array.dtype.name}")
+        if array.ndim != len(self.shape):
+            raise WireError(f"port '{name}' takes shape {list(self.shape)}, got {list(array.shape)}")
+        for got, want in zip(array.shape, self.shape, strict=True):
+            if want != -1 and got != want:
+                raise WireError(f"port '{name}' takes shape {list(self.shape)}, got {list(array.shape)}")
+        if not self.allow_nan and array.dtype.kind == "f" and np.isnan(array).any():
+            raise WireError(f"port '{name}' does not accept NaN values")
+
+    def to_metadata(self, name: str) -> dict[str, Any]:
+        return {"name": name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+class NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(slots=True)
+class Result:
+    """What ``process`` returns when not every item goes to every port.
+
+    ``outputs``: arrays by port, leading dimension = items in the batch.
+    ``mask``: per port, a boolean array saying which items are emitted there (absent = all).
+    ``errors``: item index -> reason; the request holding that item fails, the rest of the batch goes on.
+    """
+
+    outputs: dict[str, np.ndarray]
+    mask: dict[str, np.ndarray] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+
+
+class Batch(Mapping[str, np.ndarray]):
+    """The tensors of several requests, concatenated along axis 0, with each request's row count."""
+
+    __slots__ = ("_tensors", "request_ids", "sizes")
+
+    def __init__(self, tensors: dict[str, np.ndarray], sizes: list[int], request_ids: list[str]) -> None:
+        self._tensors = tensors
+        self.sizes = sizes
+        self.request_ids = request_ids
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self._tensors[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    @property
+    def items(self) -> int:  # type: ignore[override]
+        """Total rows in the batch (the leading dimension of every tensor)."""
+        return sum(self.sizes)
+
+    def starts(self) -> np.ndarray:
+        """Row index where each request begins; handy with ``np.minimum.reduceat``."""
+        return np.cumsum([0, *self.sizes], dtype=np.intp)[:-1]
+
+
+class Component:
+    """Base class of every component. Subclasses declare ``inputs``, ``outputs`` and ``Params``."""
+
+    inputs: ClassVar[dict[str, Port]] = {}
+    outputs: ClassVar[dict[str, Port]] = {}
+    Params: ClassVar[type[BaseModel]] = NoParams
+    #: Largest batch (in requests) this component wants in one ``process`` call.
+    max_batch: ClassVar[int] = 1024
+    #: Run ``process`` in a thread so fetching continues meanwhile (heavy, GIL-releasing work: torch).
+    offload: ClassVar[bool] = False
+
+    def __init__(self, params: BaseModel | None = None, *, node: str = "") -> None:
+        self.params = params if params is not None else self.Params()
+        self.node = node
+        self.device = "cpu"
+
+    @classmethod
+    def configure(cls, raw: Mapping[str, Any] | None, *, node: str = "") -> Component:
+        """Validate ``raw`` parameters against ``Params`` and build the component."""
+        try:
+            params = cls.Params(**dict(raw or {}))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ComponentError(f"bad params for {cls.__name__}: {problems}") from None
+        return cls(params, node=node)
+
+    def prepare(self) -> None:
+        """Once per deployment, before workers start: e.g. train or fetch-from-cache a model."""
+
+    def setup(self) -> None:
+        """Load models and other heavy state, once per worker. Picks CUDA when present."""
+
+    def close(self) -> None:
+        """Release what ``setup`` took."""
+
+    def process(self, batch: Batch) -> Mapping[str, np.ndarray] | Result:
+        raise NotImplementedError(f"{type(self).__name__}.process")
+
+    def describe(self) -> str:
+        """A short, stable string that identifies the component and its parameters (for lineage)."""
+        return f"{type(self).__module__}:{type(self).__qualname__}"
+
+
+def pick_device() -> str:
+    """``cuda`` when torch sees a GPU, else ``cpu``. Imports torch, so only call it from ``setup``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_component_class(ref: str) -> type[Component]:
+    """Import ``module.path:ClassName`` and check it is a :class:`Component`."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ComponentError(f"component '{ref}' must look like 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except (ImportError, TypeError) as exc:  # TypeError: a relative name such as '.mod'
+        raise ComponentError(
+            f"cannot import module '{module_name}' for component '{ref}': {exc}; "
+            "check the module path and that its package is installed"
+        ) from None
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise ComponentError(f"module '{module_name}' has no '{attr}' (component '{ref}'); check the class name")
+    if not (isinstance(cls, type) and issubclass(cls, Component)):
+        raise ComponentError(f"'{ref}' is not a flowserve Component subclass; name a class derived from Component")
+    return cls

@@ -1,0 +1,130 @@
+"""Run the nodes of a topology: in this process (tests, benches) or as one process per worker.
+
+``flowserve run`` uses :class:`ProcessHost`: each node replica is a ``flowserve worker`` process in the
+node's consumer group, exactly what a deployment across machines runs, so a stage can be killed and
+restarted on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flowserve.runtime.kafka import ensure_topics
+from flowserve.runtime.policy import BatchPolicy
+from flowserve.runtime.settings import KafkaSettings, WorkerSettings
+from flowserve.runtime.worker import StageWorker
+from flowserve.topology.graph import Topology
+
+log = logging.getLogger("flowserve.host")
+
+
+async def create_topology_topics(topology: Topology, kafka: KafkaSettings) -> list[str]:
+    return await ensure_topics(kafka, topology.topics(), topology.spec.partitions,
+                               max_message_bytes=topology.spec.max_message_bytes)
+
+
+@dataclass
+class InlineHost:
+    """Every node of a topology as asyncio tasks in the current process."""
+
+    topology: Topology
+    kafka: KafkaSettings
+    settings: WorkerSettings = field(default_factory=WorkerSettings)
+    policies: dict[str, BatchPolicy] = field(default_factory=dict)
+    workers: list[StageWorker] = field(default_factory=list)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def start(self) -> None:
+        await create_topology_topics(self.topology, self.kafka)
+        for node_id, node in self.topology.nodes.items():
+            for _ in range(node.replicas):
+                self.workers.append(StageWorker(self.topology, node_id, self.kafka, self.settings,
+                                                policy=self.policies.get(node_id)))
+        await asyncio.gather(*(w.start() for w in self.workers))
+        self._tasks = [asyncio.create_task(w.run(), name=f"worker-{w.node.id}") for w in self.workers]
+
+    async def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def __aenter__(self) -> InlineHost:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+@dataclass
+class ProcessHost:
+    """One ``flowserve worker`` process per node replica."""
+
+    topology_path: Path
+    topology: Topology
+    kafka: KafkaSettings
+    log_dir: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
+    procs: dict[str, list[subprocess.Popen[bytes]]] = field(default_factory=dict)
+
+    def command(self, node_id: str) -> list[str]:
+        return [sys.executable, "-m", "flowserve", "worker", str(self.topology_path), node_id,
+                "--broker", self.kafka.bootstrap, *self.extra_args]
+
+    def spawn(self, node_id: str) -> subprocess.Popen[bytes]:
+        out: int | object = subprocess.DEVNULL
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            n = len(self.procs.get(node_id, []))
+            out = open(self.log_dir / f"{node_id}-{n}.log", "ab")  # noqa: SIM115 - owned by the child
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        proc = subprocess.Popen(self.command(node_id), stdout=out, stderr=subprocess.STDOUT, env=env)  # type: ignore[arg-type]
+        self.procs.setdefault(node_id, []).append(proc)
+        return proc
+
+    def start_processes(self) -> None:
+        """Spawn the workers; the topology's topics must exist (see :func:`create_topology_topics`)."""
+        for node_id, node in self.topology.nodes.items():
+            for _ in range(node.replicas):
+                self.spawn(node_id)
+
+    async def start(self) -> None:
+        await create_topology_topics(self.topology, self.kafka)
+        self.start_processes()
+
+    def alive(self) -> dict[str, int]:
+        return {n: sum(p.poll() is None for p in ps) for n, ps in self.procs.items()}
+
+    def kill(self, node_id: str, index: int = 0, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[node_id][index]
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        proc.wait()
+
+    def restart(self, node_id: str, index: int = 0) -> None:
+        new = self.spawn(node_id)
+        self.procs[node_id].pop()  # spawn appended it; keep the slot's position stable
+        self.procs[node_id][index] = new
+
+    def stop(self, timeout: float = 10.0) -> None:
+        procs = [p for ps in self.procs.values() for p in ps]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()

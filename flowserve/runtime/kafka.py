@@ -1,0 +1,86 @@
+"""aiokafka clients configured for flowserve, and topic administration."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import TopicAlreadyExistsError
+
+from flowserve.errors import BrokerError
+from flowserve.runtime.settings import KafkaSettings, WorkerSettings
+
+# Headroom over the largest record: batch framing, headers, key.
+_OVERHEAD = 64 * 1024
+
+
+def make_consumer(kafka: KafkaSettings, worker: WorkerSettings, *, group_id: str | None,
+                  max_message_bytes: int, **extra: object) -> AIOKafkaConsumer:
+    # Range assignment gives one consumer the same partition numbers of every topic it reads,
+    # which is what keeps fan-in joins co-partitioned.
+    return AIOKafkaConsumer(
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset=worker.auto_offset_reset,
+        fetch_max_wait_ms=worker.fetch_max_wait_ms,
+        max_partition_fetch_bytes=max(worker.max_partition_fetch_bytes, max_message_bytes + _OVERHEAD),
+        session_timeout_ms=worker.session_timeout_ms,
+        heartbeat_interval_ms=worker.heartbeat_interval_ms,
+        max_poll_interval_ms=worker.rebalance_timeout_ms,
+        rebalance_timeout_ms=worker.rebalance_timeout_ms,
+        partition_assignment_strategy=(RangePartitionAssignor,),
+        **kafka.client_kwargs(),
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def make_producer(kafka: KafkaSettings, worker: WorkerSettings, *, max_message_bytes: int,
+                  **extra: object) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        acks=worker.acks,
+        linger_ms=0,
+        max_batch_size=max(worker.producer_batch_bytes, max_message_bytes + _OVERHEAD),
+        max_request_size=max_message_bytes + _OVERHEAD,
+        **kafka.client_kwargs(),
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+async def ensure_topics(kafka: KafkaSettings, topics: Iterable[str], partitions: int,
+                        *, max_message_bytes: int | None = None, timeout_s: float = 30.0) -> list[str]:
+    """Create the topics that are missing, all with ``partitions`` partitions. Returns those created."""
+    admin = AIOKafkaAdminClient(**kafka.client_kwargs())
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+    except Exception as exc:
+        raise BrokerError(f"cannot reach Kafka at {kafka.bootstrap}: {exc!r}") from None
+    try:
+        existing = set(await admin.list_topics())
+        config = {"max.message.bytes": str(max_message_bytes + _OVERHEAD)} if max_message_bytes else {}
+        wanted = [t for t in dict.fromkeys(topics) if t not in existing]
+        if wanted:
+            new = [NewTopic(t, num_partitions=partitions, replication_factor=1, topic_configs=config)
+                   for t in wanted]
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(new)
+        return wanted
+    finally:
+        await admin.close()
+
+
+async def describe_partitions(kafka: KafkaSettings, topics: Iterable[str]) -> dict[str, int]:
+    """Partition count per existing topic."""
+    admin = AIOKafkaAdminClient(**kafka.client_kwargs())
+    await admin.start()
+    try:
+        out: dict[str, int] = {}
+        for meta in await admin.describe_topics(list(topics)):
+            if not meta.get("error_code"):
+                out[meta["topic"]] = len(meta.get("partitions", []))
+        return out
+    finally:
+        await admin.close()

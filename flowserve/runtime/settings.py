@@ -1,0 +1,73 @@
+"""Connection and worker settings, one frozen model per concern, read from ``FLOWSERVE_*`` variables."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(f"FLOWSERVE_{name.upper()}")
+
+
+class KafkaSettings(BaseModel):
+    """How to reach the brokers. TLS/SASL settings pass through to aiokafka; secrets are never logged."""
+
+    model_config = ConfigDict(frozen=True)
+
+    bootstrap: str = Field("127.0.0.1:9092", description="host:port[,host:port...]")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+    @classmethod
+    def from_env(cls, bootstrap: str | None = None) -> KafkaSettings:
+        values: dict[str, Any] = {}
+        for field in cls.model_fields:
+            raw = _env(field)
+            if raw:
+                values[field] = raw
+        if bootstrap:
+            values["bootstrap"] = bootstrap
+        return cls(**values)
+
+    def client_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"bootstrap_servers": self.bootstrap.split(","),
+                                  "security_protocol": self.security_protocol}
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            kwargs["ssl_context"] = create_ssl_context(
+                cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
+            )
+        if self.sasl_mechanism:
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = self.sasl_password.get_secret_value() if self.sasl_password else None
+        return kwargs
+
+    def __repr__(self) -> str:  # never print the password, even by accident
+        return f"KafkaSettings(bootstrap={self.bootstrap!r}, security_protocol={self.security_protocol!r})"
+
+
+class WorkerSettings(BaseModel):
+    """Knobs of one stage worker. Defaults suit low latency on a single machine."""
+
+    model_config = ConfigDict(frozen=True)
+
+    fetch_max_wait_ms: int = Field(5, ge=0, description="broker long-poll; small keeps latency low")
+    poll_timeout_ms: int = Field(100, ge=1, description="how long one fetch waits for records")
+    session_timeout_ms: int = Field(10_000, ge=1000)
+    heartbeat_interval_ms: int = Field(1000, ge=100)
+    rebalance_timeout_ms: int = Field(10_000, ge=1000, description="max time between polls in a group")
+    max_partition_fetch_bytes: int = Field(4 * 1_048_576, ge=1024)
+    producer_batch_bytes: int = Field(1_048_576, ge=16_384)
+    acks: Literal[0, 1, "all"] = "all"
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    stats_interval_s: float = Field(0.0, ge=0, description="log counters this often (0: only at exit)")

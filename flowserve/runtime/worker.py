@@ -1,0 +1,476 @@
+"""The stage worker: one topology node, one consumer group member, a batch-native loop.
+
+Each step takes what is queued (up to what the batch policy allows), decodes it, runs one ``process``
+call per batch, produces every output, waits for the broker's acknowledgements, and only then commits.
+Input that cannot be used goes to the dead-letter topic with the reason; the request's downstream gets
+an error result so callers learn of it; the rest of the batch proceeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+
+from flowserve.component import Batch, Component, Result
+from flowserve.errors import WireError
+from flowserve.runtime.join import TP, JoinBuffer, Ready
+from flowserve.runtime.kafka import make_consumer, make_producer
+from flowserve.runtime.outbox import Outbox
+from flowserve.runtime.policy import BatchPolicy, LagPolicy
+from flowserve.runtime.settings import KafkaSettings, WorkerSettings
+from flowserve.topology.graph import Node, Topology
+from flowserve.wire.envelope import (
+    H_ERROR,
+    H_FORMAT,
+    H_NODE,
+    H_VISITS,
+    decode_record,
+    inherit,
+    now_ms,
+)
+from flowserve.wire.tensors import encode_tensors
+from flowserve.wire.v2 import make_response
+
+log = logging.getLogger("flowserve.worker")
+_EMPTY = encode_tensors({})
+
+
+@dataclass
+class Counters:
+    records_in: int = 0
+    requests_ok: int = 0
+    dead_lettered: int = 0
+    error_results: int = 0
+    expired: int = 0
+    batches: int = 0
+    records_out: int = 0
+    commits: int = 0
+    last_batch: int = 0
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+
+    def snapshot(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class _Item:
+    """A request ready for ``process`` plus what is needed to dead-letter it."""
+
+    ready: Ready
+    raw: bytes | None = None
+    source: str = ""
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, worker: StageWorker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        # Let the batch in flight finish and commit before the partitions move to another worker.
+        async with self.worker._step_lock:
+            await self.worker.drain()
+            if self.worker.join is not None:
+                self.worker.join.drop_partitions({tp.partition for tp in revoked})
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        log.info("node %s assigned %s", self.worker.node.id, sorted((tp.topic, tp.partition) for tp in assigned))
+
+
+class StageWorker:
+    """Runs one node of a topology. ``await worker.run()`` until ``worker.stop()``."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        node_id: str,
+        kafka: KafkaSettings,
+        settings: WorkerSettings | None = None,
+        policy: BatchPolicy | None = None,
+        component: Component | None = None,
+    ) -> None:
+        self.topology = topology
+        self.node: Node = topology.nodes[node_id]
+        self.kafka = kafka
+        self.settings = settings or WorkerSettings()
+        self.component = component or self.node.component
+        self.policy: BatchPolicy = policy or LagPolicy(self.node.max_batch)
+        self.join = JoinBuffer(self.node) if self.node.needs_join or self.node.triggers else None
+        self.counters = Counters()
+        self.max_bytes = topology.spec.max_message_bytes
+        self._topic_sources = {s.topic for ss in self.node.bindings.values() for s in ss}
+        self._inputs_topic = topology.inputs_topic
+        self._cycles = topology.spec.allow_cycles
+        self._step_lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+        self._started = False
+        self._seen: dict[TP, int] = {}
+        self._inflight: tuple[list[Any], dict[TopicPartition, int]] | None = None
+        self.consumer = make_consumer(kafka, self.settings, group_id=topology.group_id(node_id),
+                                      max_message_bytes=self.max_bytes, client_id=f"fs-{node_id}")
+        self.producer = make_producer(kafka, self.settings, max_message_bytes=self.max_bytes,
+                                      client_id=f"fs-{node_id}")
+        self.outbox = Outbox(self.producer)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        await asyncio.to_thread(self.component.setup)
+        await self.producer.start()
+        await self.consumer.start()
+        self.consumer.subscribe(list(self.node.input_topics), listener=_Rebalance(self))
+        self._started = True
+
+    def stop(self) -> None:
+        """Ask the loop to finish its current batch, commit, and return."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        await self.start()
+        last_stats = time.monotonic()
+        try:
+            while not self._stopping.is_set():
+                await self.step()
+                interval = self.settings.stats_interval_s
+                if interval and time.monotonic() - last_stats > interval:
+                    last_stats = time.monotonic()
+                    log.info("node %s counters %s", self.node.id, json.dumps(self.counters.snapshot()))
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        with contextlib.suppress(Exception):
+            await self.drain()
+        with contextlib.suppress(Exception):
+            await self.consumer.stop()
+        with contextlib.suppress(Exception):
+            await self.producer.stop()
+        self.component.close()
+        log.info("node %s stopped: %s", self.node.id, json.dumps(self.counters.snapshot()))
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def _lag(self) -> int:
+        lag = 0
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
+            if high is not None:
+                lag += max(0, high - self._seen.get((tp.topic, tp.partition), high))
+        return lag
+
+    async def step(self) -> None:
+        """One fetch → process → produce → acknowledge → commit cycle."""
+        timeout = self.settings.poll_timeout_ms
+        if self.join is not None and len(self.join):
+            timeout = min(timeout, 20)
+        size = self.policy.next_size(self._lag())
+        try:
+            fetched = await self.consumer.getmany(timeout_ms=timeout, max_records=size)
+        except IllegalStateError:  # not subscribed yet / shutting down
+            await asyncio.sleep(timeout / 1000)
+            return
+        async with self._step_lock:
+            await self._handle(fetched)
+
+    async def _handle(self, fetched: Mapping[TopicPartition, list[Any]]) -> None:
+        now = now_ms()
+        items: list[_Item] = []
+        handled: dict[TP, int] = {}
+        for tp, records in fetched.items():
+            key = (tp.topic, tp.partition)
+            for rec in records:
+                self.counters.records_in += 1
+                await self._intake(rec, key, now, items)
+                handled[key] = rec.offset + 1
+            if records:
+                self._seen[key] = records[-1].offset + 1
+        if self.join is not None:
+            items.extend(_Item(r) for r in self.join.expire(now))
+        if items:
+            t0 = time.perf_counter()
+            await self._process(items, now)
+            self.policy.observe(len(items), time.perf_counter() - t0)
+        sent, futures = await self.outbox.send() if self.outbox.count else (0, [])
+        self.counters.records_out += sent
+        # Two-stage pipeline: this batch's acknowledgements are awaited after the next fetch, so the
+        # broker's ack round trip overlaps useful work. Commits still follow their own batch's acks.
+        previous, self._inflight = self._inflight, None
+        if previous is not None:
+            await self._settle(*previous)
+        if handled or futures:
+            offsets = self._offsets(handled)
+            if fetched:
+                self._inflight = (futures, offsets)
+            else:
+                await self._settle(futures, offsets)
+
+    async def drain(self) -> None:
+        """Wait for the batch in flight to be acknowledged and commit it."""
+        previous, self._inflight = self._inflight, None
+        if previous is not None:
+            await self._settle(*previous)
+
+    async def _settle(self, futures: list[Any], offsets: dict[TopicPartition, int]) -> None:
+        if futures:
+            await asyncio.gather(*futures)
+        if offsets:
+            await self._commit(offsets)
+
+    def _offsets(self, handled: dict[TP, int]) -> dict[TopicPartition, int]:
+        oldest = self.join.oldest_offsets() if self.join is not None else {}
+        return {TopicPartition(t, p): min(off, oldest.get((t, p), off)) for (t, p), off in handled.items()}
+
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        try:
+            await self.consumer.commit(offsets)
+            self.counters.commits += 1
+        except (CommitFailedError, IllegalStateError) as exc:
+            # The group rebalanced under us: the new owner re-reads these records (at-least-once).
+            log.warning("node %s commit skipped after rebalance: %s", self.node.id, exc)
+
+    async def _intake(self, rec: Any, tp: TP, now: int, items: list[_Item]) -> None:
+        source = f"{rec.topic}:{rec.partition}:{rec.offset}"
+        value = rec.value
+        if value is not None and len(value) > self.max_bytes:
+            await self._dead_letter(rec.key, value, rec.headers, tp[1], source,
+                                    f"record of {len(value)} bytes exceeds max_message_bytes {self.max_bytes}")
+            return
+        try:
+            env = decode_record(rec.key, value, rec.headers, accept_json=rec.topic == self._inputs_topic)
+        except WireError as exc:
+            await self._dead_letter(rec.key, value, rec.headers, tp[1], source, str(exc))
+            return
+        if self._cycles and env.error is None:
+            visits = _visits(env.headers.get(H_VISITS))
+            if visits.get(self.node.id, 0) >= self.topology.spec.max_revisits:
+                await self._emit_error(Ready(env.request_id, {}, env.headers, tp[1]),
+                                       f"node '{self.node.id}' revisited more than "
+                                       f"{self.topology.spec.max_revisits} times")
+                return
+        if self.join is not None:
+            ready = self.join.add(env, rec.topic, tp, rec.offset, now)
+            if ready is not None:
+                items.append(_Item(ready))
+            return
+        if env.error is not None:
+            items.append(_Item(Ready(env.request_id, {}, env.headers, tp[1], env.error)))
+            return
+        tensors: dict[str, np.ndarray] = {}
+        for port, sources in self.node.bindings.items():
+            array = env.tensors.get(sources[0].tensor)
+            if array is None:
+                await self._dead_letter(rec.key, value, rec.headers, tp[1], source,
+                                        f"record has no tensor '{sources[0].tensor}' for input port '{port}' "
+                                        f"(it has: {', '.join(env.tensors) or 'none'})")
+                return
+            tensors[port] = array
+        items.append(_Item(Ready(env.request_id, tensors, env.headers, tp[1]), value, source))
+
+    async def _process(self, items: list[_Item], now: int) -> None:
+        groups: dict[tuple, list[_Item]] = {}
+        ports = self.component.inputs
+        for item in items:
+            r = item.ready
+            if r.error is not None:
+                await self._emit_error(r, r.error, count=False)
+                continue
+            if r.headers.get("fs-deadline") is not None and int(r.headers["fs-deadline"]) < now:
+                self.counters.expired += 1
+                await self._emit_error(r, f"deadline exceeded before node '{self.node.id}'")
+                continue
+            try:
+                rows = None
+                for port, array in r.tensors.items():
+                    ports[port].check(port, array)
+                    if rows is None:
+                        rows = array.shape[0]
+                    elif array.shape[0] != rows:
+                        raise WireError(f"input ports disagree on the number of rows ({rows} vs {array.shape[0]})")
+            except WireError as exc:
+                await self._dead_letter_item(item, str(exc))
+                continue
+            signature = tuple((p, a.dtype.str, a.shape[1:]) for p, a in r.tensors.items())
+            groups.setdefault(signature, []).append(item)
+        for group in groups.values():
+            for start in range(0, len(group), self.node.max_batch):
+                await self._run_batch(group[start : start + self.node.max_batch])
+
+    async def _call(self, batch: Batch) -> Mapping[str, np.ndarray] | Result:
+        if getattr(self.component, "offload", False):
+            return await asyncio.to_thread(self.component.process, batch)
+        return self.component.process(batch)
+
+    async def _run_batch(self, group: list[_Item]) -> None:
+        tensors: dict[str, np.ndarray] = {}
+        first = group[0].ready.tensors
+        for port in first:
+            if len(group) == 1:
+                tensors[port] = first[port]
+            else:
+                tensors[port] = np.concatenate([it.ready.tensors[port] for it in group])
+        sizes = [next(iter(it.ready.tensors.values())).shape[0] if it.ready.tensors else 1 for it in group]
+        batch = Batch(tensors, sizes, [it.ready.request_id for it in group])
+        self.counters.batches += 1
+        self.counters.last_batch = len(group)
+        try:
+            result = await self._call(batch)
+            outputs, mask, errors = _unpack(result, sum(sizes), self.component)
+        except Exception as exc:  # noqa: BLE001 - a component bug must not kill the worker
+            if len(group) == 1:
+                await self._dead_letter_item(group[0], f"{type(self.component).__name__}.process failed: {exc!r}")
+                return
+            # Isolate the request that broke the batch: retry each one alone.
+            for item in group:
+                await self._run_batch([item])
+            return
+        await self._emit(group, sizes, outputs, mask, errors)
+
+    async def _emit(self, group: list[_Item], sizes: list[int], outputs: dict[str, np.ndarray],
+                    mask: dict[str, np.ndarray], errors: dict[int, str]) -> None:
+        node = self.node
+        start = 0
+        for item, n in zip(group, sizes, strict=True):
+            stop = start + n
+            r = item.ready
+            bad = next((errors[i] for i in range(start, stop) if i in errors), None) if errors else None
+            if bad is not None:
+                await self._dead_letter_item(item, f"{type(self.component).__name__}: {bad}")
+                start = stop
+                continue
+            emitted: dict[str, np.ndarray] = {}
+            for port, array in outputs.items():
+                rows = array[start:stop]
+                m = mask.get(port)
+                if m is not None:
+                    sel = m[start:stop]
+                    if not sel.any():
+                        continue
+                    if not sel.all():
+                        rows = rows[sel]
+                emitted[port] = rows
+            headers = inherit(r.headers, **self._visit_header(r.headers))
+            key = r.request_id.encode()
+            for port, rows in emitted.items():
+                topic = node.output_topics.get(port)
+                if topic is not None:
+                    self.outbox.add(topic, r.partition, key, encode_tensors({port: rows}), headers)
+            if node.emits_outputs:
+                out = {name: emitted[port] for name, port in node.emits_outputs.items() if port in emitted}
+                if out:
+                    self.outbox.add(self.topology.outputs_topic, r.partition, key,
+                                          self._encode_outputs(r, out), headers)
+            self.counters.requests_ok += 1
+            start = stop
+
+    def _encode_outputs(self, r: Ready, out: dict[str, np.ndarray]) -> bytes:
+        if r.headers.get(H_FORMAT) == b"json":
+            body = make_response(self.topology.name, r.request_id, out, self.topology.version)
+            return json.dumps(body).encode()
+        return encode_tensors(out)
+
+    def _visit_header(self, headers: Mapping[str, bytes]) -> dict[str, bytes]:
+        if not self._cycles:
+            return {}
+        visits = _visits(headers.get(H_VISITS))
+        visits[self.node.id] = visits.get(self.node.id, 0) + 1
+        return {H_VISITS: ",".join(f"{k}={v}" for k, v in visits.items()).encode()}
+
+    # -- failures ----------------------------------------------------------------------------------
+
+    async def _emit_error(self, r: Ready, reason: str, *, count: bool = True) -> None:
+        """Send an error result downstream (every output port, and the outputs topic) so callers learn."""
+        if count:
+            self.counters.error_results += 1
+        headers = inherit(r.headers, **{H_ERROR: reason.encode()[:4096], H_NODE: self.node.id.encode()})
+        key = r.request_id.encode()
+        for topic in self.node.output_topics.values():
+            self.outbox.add(topic, r.partition, key, _EMPTY, headers)
+        if self.node.emits_outputs:
+            value = _EMPTY
+            if r.headers.get(H_FORMAT) == b"json":
+                value = json.dumps({"id": r.request_id, "error": reason}).encode()
+            self.outbox.add(self.topology.outputs_topic, r.partition, key, value, headers)
+
+    async def _dead_letter(self, key: bytes | None, value: bytes | None, raw_headers: Any, partition: int,
+                           source: str, reason: str) -> None:
+        self.counters.dead_lettered += 1
+        kind = reason.split(":")[0][:60]
+        self.counters.dead_letter_reasons[kind] = self.counters.dead_letter_reasons.get(kind, 0) + 1
+        log.warning("node %s dead-lettered %s: %s", self.node.id, source, reason)
+        headers = {k: v for k, v in raw_headers or ()}
+        body = value or b""
+        extra = {H_ERROR: reason.encode()[:4096], H_NODE: self.node.id.encode(), "fs-source": source.encode()}
+        if len(body) > self.max_bytes:
+            extra["fs-truncated"] = str(len(body)).encode()
+            body = body[: self.max_bytes // 2]
+        self.outbox.add(self.topology.deadletter_topic, partition, key,
+                              body, inherit(headers, **extra))
+        request_id = key.decode("utf-8", "replace") if key else headers.get("fs-id", b"").decode("utf-8", "replace")
+        if request_id:
+            await self._emit_error(Ready(request_id, {}, headers, partition), reason, count=False)
+
+    async def _dead_letter_item(self, item: _Item, reason: str) -> None:
+        r = item.ready
+        value = item.raw if item.raw is not None else encode_tensors(r.tensors)
+        await self._dead_letter(r.request_id.encode(), value, list(r.headers.items()), r.partition,
+                                item.source or f"join:{self.node.id}", reason)
+
+
+def _visits(raw: bytes | None) -> dict[str, int]:
+    if not raw:
+        return {}
+    out: dict[str, int] = {}
+    for part in raw.decode("ascii", "replace").split(","):
+        name, _, count = part.partition("=")
+        if count.isdigit():
+            out[name] = int(count)
+    return out
+
+
+def _unpack(result: Any, items: int, component: Component
+            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[int, str]]:
+    if isinstance(result, Result):
+        outputs, mask, errors = result.outputs, result.mask, result.errors
+    elif isinstance(result, Mapping):
+        outputs, mask, errors = dict(result), {}, {}
+    else:
+        raise TypeError(f"process returned {type(result).__name__}, expected a dict of arrays or a Result")
+    declared = component.outputs
+    clean: dict[str, np.ndarray] = {}
+    for port, array in outputs.items():
+        if port not in declared:
+            raise ValueError(f"process returned undeclared output port '{port}'")
+        array = np.asarray(array)
+        if array.ndim == 0 or array.shape[0] != items:
+            raise ValueError(f"output '{port}' has leading dimension {array.shape[:1]}, expected {items}")
+        want = declared[port]
+        if want.datatype != "BYTES" and array.dtype != np.dtype(_dtype(want.datatype)):
+            array = array.astype(_dtype(want.datatype))
+        clean[port] = array
+    return clean, {p: np.asarray(m, dtype=bool) for p, m in mask.items()}, errors
+
+
+def _dtype(datatype: str) -> np.dtype:
+    from flowserve.wire.tensors import DATATYPES
+
+    return DATATYPES[datatype]
+
+
+__all__ = ["Counters", "StageWorker"]
+
+# KafkaError is re-exported for callers that want to catch broker failures around run().
+_ = KafkaError

@@ -1,0 +1,351 @@
+"""Compile a topology spec into a validated graph: components configured, ports checked, topics named.
+
+Validation runs once, at load time. Every error names the file and the node and says what to fix.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from flowserve.component import Batch, Component, Port, load_component_class
+from flowserve.errors import ComponentError, FlowserveError, TopologyError
+from flowserve.topology.spec import JoinSpec, TopologySpec, load_spec, load_spec_text
+
+OUTPUTS_NODE = "outputs"
+#: JoinSpec.window_ms's upper bound; a longer topology deadline must not break the implicit Collect join.
+MAX_WINDOW_MS = 3_600_000
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where a tensor comes from: a topic and the tensor's name inside that topic's records."""
+
+    topic: str
+    tensor: str
+    node: str | None  # producing node, None for the topology's inputs or another topology
+    ref: str  # as written in the YAML
+    port: Port | None = None  # spec of the producing port, when known
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    component: Component
+    bindings: dict[str, tuple[Source, ...]]
+    triggers: tuple[Source, ...]
+    join: JoinSpec
+    max_batch: int
+    replicas: int
+    output_topics: dict[str, str]
+    #: output name -> port of this node, when this node also writes the topology's outputs record.
+    emits_outputs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def input_topics(self) -> tuple[str, ...]:
+        topics = {s.topic for sources in self.bindings.values() for s in sources}
+        topics.update(s.topic for s in self.triggers)
+        return tuple(sorted(topics))
+
+    @property
+    def needs_join(self) -> bool:
+        return len(self.input_topics) > 1 or any(len(s) > 1 for s in self.bindings.values())
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A validated topology. Node ids are reused everywhere: topics, consumer groups, metrics, spans."""
+
+    spec: TopologySpec
+    source: str
+    nodes: dict[str, Node]  # in topological order where the graph is acyclic
+    inputs: dict[str, Port]
+    outputs: dict[str, Source]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def version(self) -> str:
+        return self.spec.version
+
+    @property
+    def base(self) -> str:
+        return f"{self.spec.prefix}.{self.spec.name}"
+
+    @property
+    def inputs_topic(self) -> str:
+        return f"{self.base}.inputs"
+
+    @property
+    def outputs_topic(self) -> str:
+        return f"{self.base}.outputs"
+
+    @property
+    def deadletter_topic(self) -> str:
+        return f"{self.base}.deadletter"
+
+    def group_id(self, node_id: str) -> str:
+        return f"{self.base}.{node_id}"
+
+    def topics(self) -> list[str]:
+        """Every topic this topology writes or reads that it owns (not other topologies' outputs)."""
+        owned = [self.inputs_topic, self.outputs_topic, self.deadletter_topic]
+        for node in self.nodes.values():
+            owned.extend(node.output_topics.values())
+        return owned
+
+    def output_ports(self) -> dict[str, Port]:
+        return {name: src.port or Port("BYTES", (-1,)) for name, src in self.outputs.items()}
+
+
+class Collect(Component):
+    """The implicit sink that joins a topology's outputs when they come from several nodes."""
+
+    max_batch: ClassVar[int] = 4096
+
+    def __init__(self, ports: dict[str, Port], *, node: str = OUTPUTS_NODE) -> None:
+        super().__init__(node=node)
+        self.inputs = dict(ports)  # type: ignore[misc]
+        self.outputs = dict(ports)  # type: ignore[misc]
+
+    def process(self, batch: Batch) -> dict[str, Any]:
+        return dict(batch)
+
+
+def _parse_ref(ref: str, spec: TopologySpec, nodes: dict[str, Component], node_id: str, source: str) -> Source:
+    parts = ref.split(".")
+    if len(parts) == 2 and parts[0] == "input":
+        tensor = parts[1]
+        declared = spec.inputs.get(tensor)
+        port = Port(declared.datatype, declared.shape, declared.allow_nan) if declared else None
+        if spec.inputs and declared is None:
+            raise TopologyError(
+                f"'{ref}' names topology input '{tensor}', which is not declared under 'inputs' "
+                f"(declared: {', '.join(spec.inputs)})",
+                source=source, node=node_id,
+            )
+        return Source(f"{spec.prefix}.{spec.name}.inputs", tensor, None, ref, port)
+    if len(parts) == 2:
+        upstream, port_name = parts
+        if upstream not in nodes:
+            raise TopologyError(
+                f"'{ref}' refers to unknown node '{upstream}' (nodes: {', '.join(nodes)})",
+                source=source, node=node_id,
+            )
+        ports = nodes[upstream].outputs
+        if port_name not in ports:
+            raise TopologyError(
+                f"'{ref}': node '{upstream}' has no output port '{port_name}' "
+                f"(its outputs: {', '.join(ports) or 'none'})",
+                source=source, node=node_id,
+            )
+        return Source(f"{spec.prefix}.{spec.name}.{upstream}.{port_name}", port_name, upstream, ref,
+                      ports[port_name])
+    if len(parts) == 3 and parts[1] == "outputs":
+        other, _, tensor = parts
+        return Source(f"{spec.prefix}.{other}.outputs", tensor, None, ref)
+    raise TopologyError(
+        f"cannot read reference '{ref}': use 'node.port', 'input.name' or 'topology.outputs.name'",
+        source=source, node=node_id,
+    )
+
+
+def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        path.append(n)
+        for m in sorted(edges[n]):
+            if state.get(m) == 1:
+                return path[path.index(m):] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        path.pop()
+        state[n] = 2
+        return None
+
+    for n in edges:
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+def _order(edges: dict[str, set[str]]) -> list[str]:
+    indegree = {n: 0 for n in edges}
+    for targets in edges.values():
+        for m in targets:
+            indegree[m] += 1
+    ready = deque(sorted(n for n, d in indegree.items() if d == 0))
+    out: list[str] = []
+    while ready:
+        n = ready.popleft()
+        out.append(n)
+        for m in sorted(edges[n]):
+            indegree[m] -= 1
+            if indegree[m] == 0:
+                ready.append(m)
+    return out + [n for n in edges if n not in out]  # cycle members, when cycles are allowed
+
+
+def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
+    components: dict[str, Component] = {}
+    for node_id, node_spec in spec.nodes.items():
+        try:
+            cls = load_component_class(node_spec.component)
+            components[node_id] = cls.configure(node_spec.params, node=node_id)
+        except ComponentError as exc:
+            raise TopologyError(str(exc), source=source, node=node_id) from None
+
+    bindings: dict[str, dict[str, tuple[Source, ...]]] = {}
+    triggers: dict[str, tuple[Source, ...]] = {}
+    derived_inputs: dict[str, tuple[Port, str]] = {}
+    for node_id, node_spec in spec.nodes.items():
+        component = components[node_id]
+        for port in node_spec.inputs:
+            if port not in component.inputs:
+                raise TopologyError(
+                    f"unknown input port '{port}' of {type(component).__name__} "
+                    f"(its inputs: {', '.join(component.inputs) or 'none'})",
+                    source=source, node=node_id,
+                )
+        missing = [p for p in component.inputs if p not in node_spec.inputs]
+        if missing:
+            raise TopologyError(
+                f"input port(s) {', '.join(missing)} of {type(component).__name__} are not connected; "
+                f"add them under 'inputs'",
+                source=source, node=node_id,
+            )
+        node_bindings: dict[str, tuple[Source, ...]] = {}
+        for port, refs in node_spec.inputs.items():
+            ref_list = [refs] if isinstance(refs, str) else list(refs)
+            if not ref_list:
+                raise TopologyError(f"input port '{port}' has an empty list of sources", source=source,
+                                    node=node_id)
+            if len(ref_list) > 1 and node_spec.join.type != "any":
+                raise TopologyError(
+                    f"input port '{port}' lists {len(ref_list)} alternative sources; that needs "
+                    "'join: {type: any}'",
+                    source=source, node=node_id,
+                )
+            sources = tuple(_parse_ref(r, spec, components, node_id, source) for r in ref_list)
+            want = component.inputs[port]
+            for src in sources:
+                if src.port is not None and (why := src.port.compatible(want)):
+                    raise TopologyError(
+                        f"'{src.ref}' cannot feed input port '{port}': {why}", source=source, node=node_id
+                    )
+                if src.node is None and src.ref.startswith("input."):
+                    seen = derived_inputs.get(src.tensor)
+                    if seen and seen[0].compatible(want):
+                        raise TopologyError(
+                            f"topology input '{src.tensor}' feeds ports that disagree: "
+                            f"{seen[0].compatible(want)} (node '{seen[1]}'); declare it under 'inputs'",
+                            source=source, node=node_id,
+                        )
+                    derived_inputs.setdefault(src.tensor, (want, node_id))
+            node_bindings[port] = sources
+        bindings[node_id] = node_bindings
+        triggers[node_id] = tuple(_parse_ref(r, spec, components, node_id, source) for r in node_spec.triggers)
+
+    inputs: dict[str, Port] = {
+        name: Port(p.datatype, p.shape, p.allow_nan) for name, p in spec.inputs.items()
+    } or {name: port for name, (port, _) in derived_inputs.items()}
+
+    outputs = {
+        name: _parse_ref(ref, spec, components, f"outputs.{name}", source) for name, ref in spec.outputs.items()
+    }
+    if not outputs:
+        raise TopologyError("a topology needs at least one entry under 'outputs'", source=source)
+
+    edges: dict[str, set[str]] = {n: set() for n in spec.nodes}
+    for node_id in spec.nodes:
+        for src in [*(s for ss in bindings[node_id].values() for s in ss), *triggers[node_id]]:
+            if src.node is not None:
+                edges[src.node].add(node_id)
+    cycle = _find_cycle(edges)
+    if cycle and not spec.allow_cycles:
+        raise TopologyError(
+            f"cycle {' -> '.join(cycle)}; remove it or set 'allow_cycles: true' (with 'max_revisits')",
+            source=source, node=cycle[0],
+        )
+
+    roots = [
+        n for n in spec.nodes
+        if any(s.node is None for ss in bindings[n].values() for s in ss) or any(s.node is None for s in triggers[n])
+    ]
+    reached = set(roots)
+    queue = deque(roots)
+    while queue:
+        for m in edges[queue.popleft()]:
+            if m not in reached:
+                reached.add(m)
+                queue.append(m)
+    for node_id in spec.nodes:
+        if node_id not in reached:
+            raise TopologyError(
+                "unreachable: none of its inputs lead back to the topology's inputs; "
+                "connect it to 'input.<name>' or to a node that is",
+                source=source, node=node_id,
+            )
+
+    # Only ports somebody reads get a topic: an unread edge would cost a produce per request for nothing.
+    consumed = {(src.node, src.tensor) for n in spec.nodes
+                for src in [*(s for ss in bindings[n].values() for s in ss), *triggers[n]] if src.node}
+    order = _order(edges)
+    producers = {src.node for src in outputs.values()}
+    single = next(iter(producers)) if len(producers) == 1 and None not in producers else None
+    if single is None:  # the implicit Collect node reads every output's topic
+        consumed.update((src.node, src.tensor) for src in outputs.values() if src.node)
+    nodes: dict[str, Node] = {}
+    for node_id in order:
+        node_spec = spec.nodes[node_id]
+        component = components[node_id]
+        nodes[node_id] = Node(
+            id=node_id,
+            component=component,
+            bindings=bindings[node_id],
+            triggers=triggers[node_id],
+            join=node_spec.join,
+            max_batch=node_spec.max_batch or component.max_batch,
+            replicas=node_spec.replicas,
+            output_topics={p: f"{spec.prefix}.{spec.name}.{node_id}.{p}" for p in component.outputs
+                           if (node_id, p) in consumed},
+            emits_outputs={name: src.tensor for name, src in outputs.items()} if node_id == single else {},
+        )
+    if single is None:
+        ports = {name: src.port or Port("BYTES", (-1,)) for name, src in outputs.items()}
+        collect = Collect(ports)
+        nodes[OUTPUTS_NODE] = Node(
+            id=OUTPUTS_NODE,
+            component=collect,
+            bindings={name: (src,) for name, src in outputs.items()},
+            triggers=(),
+            join=JoinSpec(type="inner", window_ms=min(spec.deadline_ms, MAX_WINDOW_MS)),
+            max_batch=Collect.max_batch,
+            replicas=1,
+            output_topics={},
+            emits_outputs={name: name for name in outputs},
+        )
+    return Topology(spec=spec, source=source, nodes=nodes, inputs=inputs, outputs=outputs)
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Load and validate a topology YAML file. Raises :class:`TopologyError` naming file and node."""
+    path = Path(path)
+    spec = load_spec(path)
+    try:
+        return compile_spec(spec, source=str(path))
+    except TopologyError:
+        raise
+    except FlowserveError as exc:
+        raise TopologyError(str(exc), source=str(path)) from None
+
+
+def load_topology_text(text: str, source: str = "<string>") -> Topology:
+    return compile_spec(load_spec_text(text, source), source=source)

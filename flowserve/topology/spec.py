@@ -1,0 +1,135 @@
+"""The YAML form of a topology, as pydantic models. Structural checks only; graph checks live in graph.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from flowserve.errors import TopologyError
+
+ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
+RESERVED_IDS = frozenset({"input", "inputs", "outputs", "output", "deadletter", "replies"})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JoinSpec(_Strict):
+    """How a node with several input topics (or triggers) waits for them, per request."""
+
+    type: Literal["inner", "outer", "any"] = "inner"
+    #: inner: give up (error result) after this; outer: go with what arrived after this.
+    window_ms: int = Field(5000, gt=0, le=3_600_000)
+
+
+class PortSpec(_Strict):
+    datatype: str
+    shape: list[int]
+    allow_nan: bool = True
+
+
+class NodeSpec(_Strict):
+    component: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    #: port -> "node.port", "input.name", "other_topology.outputs.name", or a list of alternatives (any-join).
+    inputs: dict[str, str | list[str]] = Field(default_factory=dict)
+    #: references that gate this node without passing data.
+    triggers: list[str] = Field(default_factory=list)
+    join: JoinSpec = Field(default_factory=JoinSpec)
+    max_batch: int | None = Field(None, gt=0, le=65536)
+    #: worker processes `flowserve run` starts for this node (more = more consumers in the group).
+    replicas: int = Field(1, ge=1, le=64)
+
+
+class TopologySpec(_Strict):
+    name: str = Field(pattern=ID_PATTERN)
+    version: str = "1"
+    description: str = ""
+    prefix: str = Field("fs", pattern=r"^[A-Za-z0-9_-]+$")
+    #: every topic of the topology gets this many partitions, so joins are co-partitioned.
+    partitions: int = Field(4, ge=1, le=1024)
+    #: default end-to-end deadline of a request; a request may ask for less or more.
+    deadline_ms: int = Field(10_000, gt=0)
+    max_message_bytes: int = Field(1_048_576, gt=0, le=64 * 1_048_576)
+    inputs: dict[str, PortSpec] = Field(default_factory=dict)
+    nodes: dict[str, NodeSpec]
+    outputs: dict[str, str]
+    allow_cycles: bool = False
+    max_revisits: int = Field(3, ge=1, le=100)
+    #: "module:function" returning sample requests and labels for `flowserve run --sample`.
+    sample: str | None = None
+
+    @field_validator("nodes")
+    @classmethod
+    def _node_ids(cls, nodes: dict[str, NodeSpec]) -> dict[str, NodeSpec]:
+        import re
+
+        for node_id in nodes:
+            if not re.match(ID_PATTERN, node_id):
+                raise ValueError(f"node id '{node_id}' must match {ID_PATTERN}")
+            if node_id in RESERVED_IDS:
+                raise ValueError(f"node id '{node_id}' is reserved; rename the node")
+        if not nodes:
+            raise ValueError("a topology needs at least one node")
+        return nodes
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate mapping keys (plain YAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        try:
+            duplicate = key in seen
+        except TypeError:  # an unhashable key: construct_mapping below reports it as invalid YAML
+            continue
+        if duplicate:
+            raise TopologyError(
+                f"duplicate id '{key}' (line {key_node.start_mark.line + 1}, first at line {seen[key]}); "
+                "ids must be unique",
+                source=str(loader.name),
+                node=str(key),
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_spec_text(text: str, source: str = "<string>") -> TopologySpec:
+    try:
+        loader = _UniqueKeyLoader(text)
+        loader.name = source
+        try:
+            raw = loader.get_single_data()
+        finally:
+            loader.dispose()  # type: ignore[no-untyped-call]
+    except yaml.YAMLError as exc:
+        raise TopologyError(f"not valid YAML: {exc}", source=source) from None
+    if not isinstance(raw, dict):
+        raise TopologyError("a topology file must be a YAML mapping", source=source)
+    try:
+        return TopologySpec.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = [str(p) for p in first["loc"]]
+        node = loc[1] if len(loc) > 1 and loc[0] == "nodes" else None
+        where = ".".join(loc)
+        raise TopologyError(f"{where}: {first['msg']}", source=source, node=node) from None
+
+
+def load_spec(path: str | Path) -> TopologySpec:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TopologyError(f"cannot read topology file: {exc.strerror}", source=str(path)) from None
+    return load_spec_text(text, source=str(path))

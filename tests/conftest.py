@@ -1,0 +1,54 @@
+"""Shared fixtures. Integration tests run once per broker kind: the embedded default and Apache Kafka."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SUPPORT = Path(__file__).parent / "support"
+sys.path.insert(0, str(SUPPORT))
+# Worker subprocesses import the test components too.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
+
+BROKER_KINDS = [k for k in os.environ.get("FLOWSERVE_TEST_BROKERS", "embedded,kafka").split(",") if k]
+
+
+@pytest.fixture(scope="session", params=BROKER_KINDS)
+def broker(request: pytest.FixtureRequest) -> Iterator[object]:
+    """A running broker of each kind, shared by the whole session."""
+    from flowserve.runtime.brokers import start_broker
+
+    b = start_broker(request.param)
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture
+def kafka(broker: object):  # noqa: ANN201
+    from flowserve.runtime.settings import KafkaSettings
+
+    return KafkaSettings(bootstrap=broker.bootstrap)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def unique_name() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def write_topology(tmp_path: Path, unique_name: str):  # noqa: ANN201
+    """Factory: write a topology YAML (``NAME`` is replaced by a unique name) and return its path."""
+
+    def write(text: str) -> Path:
+        path = tmp_path / f"{unique_name}.yaml"
+        path.write_text(text.replace("NAME", unique_name))
+        return path
+
+    return write
