@@ -113,7 +113,7 @@ class Batch(Mapping[str, np.ndarray]):
         return len(self._tensors)
 
     @property
-    def items(self) -> int:  # type: ignore[override]
+    def rows(self) -> int:
         """Total rows in the batch (the leading dimension of every tensor)."""
         return sum(self.sizes)
 

@@ -335,7 +335,7 @@ class EmbeddedBroker(_Managed):
     consumer_tuning: Mapping[str, int] = {
         "session_timeout_ms": 2000,
         "heartbeat_interval_ms": 300,
-        "fetch_max_wait_ms": 10,
+        "fetch_max_wait_ms": 20,
     }
 
     def __init__(self, node: _Node, workdir: Path, port: int) -> None:

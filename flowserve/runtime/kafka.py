@@ -34,7 +34,7 @@ def make_consumer(kafka: KafkaSettings, worker: WorkerSettings, *, group_id: str
         rebalance_timeout_ms=worker.rebalance_timeout_ms,
         partition_assignment_strategy=(RangePartitionAssignor,),
         **kafka.client_kwargs(),
-        **extra,  # type: ignore[arg-type]
+        **extra,
     )
 
 
@@ -46,7 +46,7 @@ def make_producer(kafka: KafkaSettings, worker: WorkerSettings, *, max_message_b
         max_batch_size=max(worker.producer_batch_bytes, max_message_bytes + _OVERHEAD),
         max_request_size=max_message_bytes + _OVERHEAD,
         **kafka.client_kwargs(),
-        **extra,  # type: ignore[arg-type]
+        **extra,
     )
 
 

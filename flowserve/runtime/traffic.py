@@ -23,7 +23,7 @@ def load_sampler(topology: Topology) -> Callable[..., tuple[list[dict[str, np.nd
         raise FlowserveError(f"topology '{topology.name}' has no 'sample' entry; add 'sample: module:function'")
     module_name, _, attr = ref.partition(":")
     try:
-        return getattr(importlib.import_module(module_name), attr)  # type: ignore[no-any-return]
+        return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise FlowserveError(f"cannot load sampler '{ref}' of topology '{topology.name}': {exc}") from None
 

@@ -85,7 +85,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node, deep=deep)
         try:
             duplicate = key in seen
         except TypeError:  # an unhashable key: construct_mapping below reports it as invalid YAML
@@ -111,7 +111,7 @@ def load_spec_text(text: str, source: str = "<string>") -> TopologySpec:
         try:
             raw = loader.get_single_data()
         finally:
-            loader.dispose()  # type: ignore[no-untyped-call]
+            loader.dispose()
     except yaml.YAMLError as exc:
         raise TopologyError(f"not valid YAML: {exc}", source=source) from None
     if not isinstance(raw, dict):

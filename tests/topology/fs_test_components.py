@@ -66,7 +66,7 @@ class Constant(Component):
     outputs: ClassVar[dict[str, Port]] = {"y": VEC}
 
     def process(self, batch: Batch) -> dict[str, np.ndarray]:
-        return {"y": np.zeros((batch.items, 4), dtype=np.float32)}
+        return {"y": np.zeros((batch.rows, 4), dtype=np.float32)}
 
 
 class NotAComponent:
