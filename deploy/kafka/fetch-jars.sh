@@ -30,11 +30,11 @@ staging="$(mktemp -d "$parent/.libs-staging.XXXXXX")"
 trap 'rm -rf "$staging"' EXIT
 
 echo "fetch-jars.sh: resolving org.apache.kafka:kafka_2.13:$version into $libs" >&2
-mvn -q -B -f "$here/pom.xml" \
+mvn -q -B -Dstyle.color=never -f "$here/pom.xml" \
   -Dkafka.version="$version" \
   dependency:copy-dependencies \
   -DincludeScope=runtime \
-  -DoutputDirectory="$staging" >&2
+  -DoutputDirectory="$staging" 2>&1 | sed -e 's/\x1b\[[0-9;]*m//g' -e '/^$/d' >&2  # Maven 3.8 -q still emits colour resets
 
 touch "$staging/.complete"
 if ! mv -T "$staging" "$libs" 2>/dev/null; then

@@ -20,7 +20,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --nodes) nodes="$2"; shift 2 ;;
     --port) port="$2"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "start-kafka.sh: unknown argument $1 (use --nodes 1|3, --port P)" >&2; exit 2 ;;
   esac
 done

@@ -38,7 +38,7 @@ from flowserve.wire.envelope import (
     inherit,
     now_ms,
 )
-from flowserve.wire.tensors import encode_tensors
+from flowserve.wire.tensors import encode_split, encode_tensors
 from flowserve.wire.v2 import make_response
 
 log = logging.getLogger("flowserve.worker")
@@ -342,8 +342,22 @@ class StageWorker:
     async def _emit(self, group: list[_Item], sizes: list[int], outputs: dict[str, np.ndarray],
                     mask: dict[str, np.ndarray], errors: dict[int, str]) -> None:
         node = self.node
+        # Batch-native encoding: when every request has the same row count and nothing is masked or failed,
+        # each port is serialised once for the whole batch and sliced per request.
+        frames: dict[str, list[bytes]] = {}
+        out_frames: list[bytes] | None = None
+        if not errors and len(set(sizes)) == 1:
+            for port, array in outputs.items():
+                if port not in mask and port in node.output_topics:
+                    split = encode_split(port, array, len(group))
+                    if split is not None:
+                        frames[port] = split
+            if len(node.emits_outputs) == 1:
+                (name, port), = node.emits_outputs.items()
+                if port in outputs and port not in mask:
+                    out_frames = encode_split(name, outputs[port], len(group))
         start = 0
-        for item, n in zip(group, sizes, strict=True):
+        for index, (item, n) in enumerate(zip(group, sizes, strict=True)):
             stop = start + n
             r = item.ready
             bad = next((errors[i] for i in range(start, stop) if i in errors), None) if errors else None
@@ -367,8 +381,11 @@ class StageWorker:
             for port, rows in emitted.items():
                 topic = node.output_topics.get(port)
                 if topic is not None:
-                    self.outbox.add(topic, r.partition, key, encode_tensors({port: rows}), headers)
-            if node.emits_outputs:
+                    value = frames[port][index] if port in frames else encode_tensors({port: rows})
+                    self.outbox.add(topic, r.partition, key, value, headers)
+            if out_frames is not None and r.headers.get(H_FORMAT) != b"json":
+                self.outbox.add(self.topology.outputs_topic, r.partition, key, out_frames[index], headers)
+            elif node.emits_outputs:
                 out = {name: emitted[port] for name, port in node.emits_outputs.items() if port in emitted}
                 if out:
                     self.outbox.add(self.topology.outputs_topic, r.partition, key,

@@ -85,23 +85,38 @@ def _encode_bytes_payload(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
+_PREFIXES: dict[tuple[str, str, int], bytes] = {}
+
+
+def _prefix(name: str, datatype: str, rank: int) -> bytes:
+    # name, code and rank bytes of a tensor header; cached since a worker encodes the same ports forever.
+    key = (name, datatype, rank)
+    prefix = _PREFIXES.get(key)
+    if prefix is None:
+        raw_name = name.encode()
+        if len(raw_name) > 255:
+            raise WireError(f"tensor name '{name[:40]}...' is longer than 255 bytes")
+        if rank > MAX_RANK:
+            raise WireError(f"tensor '{name}' has rank {rank}, more than {MAX_RANK}")
+        prefix = bytes((len(raw_name),)) + raw_name + bytes((_CODES[datatype], rank))
+        if len(_PREFIXES) < 4096:
+            _PREFIXES[key] = prefix
+    return prefix
+
+
 def encode_tensors(tensors: Mapping[str, np.ndarray]) -> bytes:
     """Encode named arrays into one frame."""
     if len(tensors) > 0xFFFF:
         raise WireError(f"{len(tensors)} tensors do not fit one frame (at most {0xFFFF})")
     parts = [_HEAD.pack(MAGIC, len(tensors))]
     for name, array in tensors.items():
-        raw_name = name.encode()
-        if len(raw_name) > 255:
-            raise WireError(f"tensor name '{name[:40]}...' is longer than 255 bytes")
-        if array.ndim > MAX_RANK:
-            raise WireError(f"tensor '{name}' has rank {array.ndim}, more than {MAX_RANK}")
         datatype = datatype_of(array)
+        prefix = _prefix(name, datatype, array.ndim)
         if datatype == "BYTES":
             payload = _encode_bytes_payload(array)
         else:
-            payload = np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes()
-        parts.append(bytes((len(raw_name),)) + raw_name + bytes((_CODES[datatype], array.ndim)))
+            payload = array.astype(DATATYPES[datatype], copy=False).tobytes()
+        parts.append(prefix)
         parts.append(struct.pack(f"<{array.ndim}qQ", *array.shape, len(payload)))
         parts.append(payload)
     return b"".join(parts)
@@ -196,3 +211,20 @@ def decode_tensors(data: bytes | bytearray | memoryview) -> dict[str, np.ndarray
     if pos != end:
         raise WireError(f"{end - pos} stray bytes after the last tensor")
     return out
+
+
+def encode_split(name: str, array: np.ndarray, parts: int) -> list[bytes] | None:
+    """Frames of one tensor each for ``parts`` equal slices of ``array`` along axis 0, or None.
+
+    The batch-native encoder: one header and one ``tobytes`` for the whole batch, then a byte slice per
+    request. Returns None where it does not apply (BYTES, or rows not divisible into equal parts).
+    """
+    datatype = datatype_of(array)
+    if datatype == "BYTES" or parts <= 0 or array.ndim == 0 or array.shape[0] % parts:
+        return None
+    rows = array.shape[0] // parts
+    buf = array.astype(DATATYPES[datatype], copy=False).tobytes()
+    chunk = len(buf) // parts
+    head = (_HEAD.pack(MAGIC, 1) + _prefix(name, datatype, array.ndim)
+            + struct.pack(f"<{array.ndim}qQ", rows, *array.shape[1:], chunk))
+    return [head + buf[i * chunk : (i + 1) * chunk] for i in range(parts)]

@@ -1,0 +1,119 @@
+"""Run a PyTorch classifier over a batch: a zoo model by name, or user weights from a file.
+
+In a topology::
+
+    model:
+      component: components.torch_stage:TorchClassifier
+      params: {model: digits-cnn, threads: 1}
+      inputs: {x: pre.x}
+
+torch is imported in ``setup``, not at module import, so loading a topology stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from components import models
+from flowserve.component import Batch, Component, Port, pick_device
+from flowserve.errors import ComponentError
+
+if TYPE_CHECKING:
+    import torch
+
+
+class TorchClassifierParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = Field(None, description="zoo model name; with a state-dict 'path', its architecture")
+    path: str | None = Field(None, description="user weights: a TorchScript file or a state dict for 'model'")
+    threads: int = Field(1, ge=1, le=256, description="torch intra-op threads per worker (CPU only)")
+    max_batch: int | None = Field(None, gt=0, le=65536, description="largest batch in requests")
+
+    @field_validator("model")
+    @classmethod
+    def _known(cls, name: str | None) -> str | None:
+        if name is not None and name not in models.ZOO:
+            raise ValueError(f"unknown model '{name}'; the zoo has {', '.join(models.ZOO)}")
+        return name
+
+    @model_validator(mode="after")
+    def _something_to_load(self) -> TorchClassifierParams:
+        if self.model is None and self.path is None:
+            raise ValueError("give 'model' (a zoo name), 'path' (a weights file), or both")
+        return self
+
+
+class TorchClassifier(Component):
+    """Logits of a torch classifier for flattened 8x8 images. Uses CUDA when there is one."""
+
+    inputs = {"x": Port("FP32", [-1, 64], doc="pixels / 16")}
+    outputs = {"logits": Port("FP32", [-1, 10])}
+    Params: ClassVar[type[BaseModel]] = TorchClassifierParams
+    max_batch: ClassVar[int] = 256
+
+    params: TorchClassifierParams
+
+    def __init__(self, params: BaseModel | None = None, *, node: str = "") -> None:
+        super().__init__(params, node=node)
+        if self.params.max_batch is not None:
+            self.max_batch = self.params.max_batch  # type: ignore[misc]
+        self.weights_hash: str | None = None
+        self._model: Any = None
+        self._pinned: torch.Tensor | None = None
+
+    def setup(self) -> None:
+        import torch
+
+        self.device = pick_device()
+        if self.device == "cpu":
+            # Several workers share the machine's cores; torch's default (all cores each) oversubscribes.
+            torch.set_num_threads(self.params.threads)
+        try:
+            self._model, self.weights_hash = models.load_with_hash(self.params.model, self.device,
+                                                                   self.params.path)
+        except ComponentError as exc:
+            raise ComponentError(f"node '{self.node}': {exc}") from None
+
+    def close(self) -> None:
+        self._model = None
+        self._pinned = None
+
+    def _to_device(self, x: np.ndarray) -> torch.Tensor:
+        import torch
+
+        if self.device == "cpu":
+            # Arrays decoded from the wire are read-only views; torch wants memory it may write.
+            return torch.from_numpy(x if x.flags.writeable else x.copy())
+        rows = x.shape[0]
+        if self._pinned is None or self._pinned.shape[0] < rows:
+            # Pinned host memory is slow to allocate, so keep one buffer and grow it geometrically.
+            capacity = max(rows, 2 * (0 if self._pinned is None else self._pinned.shape[0]))
+            self._pinned = torch.empty((capacity, *x.shape[1:]), dtype=torch.float32, pin_memory=True)
+        staging = self._pinned[:rows]
+        staging.numpy()[...] = x
+        # Safe to reuse the buffer next call: process() waits for the result, hence for this copy.
+        return staging.to(self.device, non_blocking=True)
+
+    def process(self, batch: Batch) -> dict[str, np.ndarray]:
+        import torch
+
+        if self._model is None:
+            raise ComponentError(f"node '{self.node}': TorchClassifier.process called before setup()")
+        x = np.ascontiguousarray(batch["x"], dtype=np.float32)
+        with torch.inference_mode():
+            logits = self._model(self._to_device(x))
+            out = logits.float().cpu().numpy()
+        return {"logits": out}
+
+    def describe(self) -> str:
+        what = self.params.model or "user"
+        parts = [f"model={what}"]
+        if self.params.path:
+            parts.append(f"path={self.params.path}")
+        if self.weights_hash:
+            parts.append(f"weights=sha256:{self.weights_hash}")
+        return f"{super().describe()}({', '.join(parts)})"
