@@ -125,9 +125,11 @@ class Sleep(_PassThrough):
     """Pass inputs through after sleeping ``ms + per_item_ms * rows``: a stand-in for a slow model."""
 
     Params: ClassVar[type[BaseModel]] = SleepParams
+    #: Sleep in a thread, as a real model would compute, so the worker keeps fetching meanwhile.
+    offload: ClassVar[bool] = True
 
     params: SleepParams
 
     def process(self, batch: Batch) -> dict[str, np.ndarray]:
-        time.sleep((self.params.ms + self.params.per_item_ms * sum(batch.sizes)) / 1000.0)
+        time.sleep((self.params.ms + self.params.per_item_ms * batch.rows) / 1000.0)
         return dict(batch)

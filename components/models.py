@@ -5,7 +5,7 @@ name                 architecture                                    role
 ===================  ==============================================  =========================
 ``digits-mlp``       64 -> 128 -> 10                                 the default classifier
 ``digits-mlp-small`` 64 -> 32 -> 10                                  fast first stage (cascade)
-``digits-cnn``       3 convs (32, 64, 128 ch) + 2048-wide dense      accurate, costly per call
+``digits-cnn``       3 convs (32, 64, 128 ch) + 2048-wide dense      costly per call; batch it
 ===================  ==============================================  =========================
 
 Every model takes ``x`` (float32 [n, 64], pixels / 16) and returns logits (float32 [n, 10]).
@@ -55,8 +55,8 @@ ZOO: dict[str, Recipe] = {
     "digits-cnn": Recipe(epochs=6, lr=4e-3, batch_size=128),
 }
 
-#: Hidden width of the CNN's dense layer. Its 4M weights are what make one call cost about a
-#: millisecond whatever the batch, so that batching pays on a CPU.
+#: Hidden width of the CNN's dense layer. Its 4M weights (16 MB) are streamed from memory once per
+#: call whatever the batch size, so a call of one row costs about a millisecond and batching pays.
 CNN_HIDDEN = 2048
 
 

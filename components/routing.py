@@ -36,8 +36,7 @@ class ConfidenceRouter(Component):
         sizes = np.asarray(batch.sizes, dtype=np.intp)
         filled = sizes > 0
         # reduceat misreads empty requests (and fails on one at the very end), so reduce only the others.
-        starts = batch.starts()[: len(sizes)]  # starts() gives [0] for a batch of no requests
-        weakest = np.minimum.reduceat(probs.max(axis=1), starts[filled])
+        weakest = np.minimum.reduceat(probs.max(axis=1), batch.starts()[filled])
         sure = np.repeat(weakest >= self.params.threshold, sizes[filled])
         return Result(
             outputs={"confident_probs": probs, "unsure_x": x},

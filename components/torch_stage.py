@@ -54,6 +54,8 @@ class TorchClassifier(Component):
     outputs = {"logits": Port("FP32", [-1, 10])}
     Params: ClassVar[type[BaseModel]] = TorchClassifierParams
     max_batch: ClassVar[int] = 256
+    #: torch releases the GIL while it computes, so the worker can fetch the next batch meanwhile.
+    offload: ClassVar[bool] = True
 
     params: TorchClassifierParams
 

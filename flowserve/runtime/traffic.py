@@ -58,6 +58,7 @@ async def wait_ready(client: TopologyClient, example: dict[str, np.ndarray], tim
     """Send a probe until one comes back: the first may wait for consumer groups to form."""
     t0 = time.perf_counter()
     deadline = t0 + timeout_s
+    last_error = "no reply"
     while time.perf_counter() < deadline:
         try:
             reply = await client.call(example, timeout_ms=int(min(30.0, deadline - time.perf_counter()) * 1000))
@@ -65,9 +66,10 @@ async def wait_ready(client: TopologyClient, example: dict[str, np.ndarray], tim
             continue
         if reply.error is None:
             return time.perf_counter() - t0
-        if "deadline" not in reply.error:
-            raise FlowserveError(f"pipeline answered the readiness probe with an error: {reply.error}")
-    raise FlowserveError(f"topology '{client.topology.name}' did not answer within {timeout_s:.0f} s")
+        # While stages are still joining their groups, joins can time out and deadlines pass: retry.
+        last_error = reply.error
+    raise FlowserveError(f"topology '{client.topology.name}' did not answer within {timeout_s:.0f} s "
+                         f"(last: {last_error})")
 
 
 def _prediction(reply: Reply) -> Any:

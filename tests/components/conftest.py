@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from flowserve.component import Batch
+from flowserve.component import Batch, Component
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,3 +60,15 @@ def torch_threads() -> Iterator[None]:
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
+
+
+def _configure(cls: type[Component], params: dict[str, Any] | None = None, node: str = "test") -> Component:
+    component = cls.configure(params or {}, node=node)
+    assert type(component) is cls
+    return component
+
+
+@pytest.fixture
+def configure() -> Callable[..., Any]:
+    """``configure(cls, params, node)``: ``cls.configure`` checked to return a ``cls``."""
+    return _configure

@@ -82,8 +82,8 @@ def test_bad_sample_arguments() -> None:
         sample(-1)
 
 
-def test_normalize(make_batch) -> None:
-    node = Normalize.configure({}, node="pre")
+def test_normalize(configure, make_batch) -> None:
+    node = configure(Normalize, {}, node="pre")
     assert node.inputs == {"pixels": Port("FP32", [-1, 64], doc=node.inputs["pixels"].doc)}
     assert list(node.outputs) == ["x"]
     pixels = np.arange(3 * 64, dtype=np.float32).reshape(3, 64) % 17

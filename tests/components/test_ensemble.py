@@ -7,8 +7,8 @@ from components.postprocess import softmax
 from flowserve.component import Port
 
 
-def test_softmax_component(make_batch) -> None:
-    node = Softmax.configure({}, node="p")
+def test_softmax_component(configure, make_batch) -> None:
+    node = configure(Softmax, {}, node="p")
     assert node.inputs == {"logits": Port("FP32", [-1, 10])}
     assert node.outputs == {"probs": Port("FP32", [-1, 10])}
     logits = np.random.default_rng(0).normal(size=(4, 10)).astype(np.float32)
@@ -17,8 +17,8 @@ def test_softmax_component(make_batch) -> None:
     np.testing.assert_allclose(out["probs"], softmax(logits))
 
 
-def test_average(make_batch) -> None:
-    node = Average.configure({}, node="avg")
+def test_average(configure, make_batch) -> None:
+    node = configure(Average, {}, node="avg")
     assert set(node.inputs) == {"a", "b"}
     assert node.outputs == {"probs": Port("FP32", [-1, 10])}
     a = np.zeros((2, 10), dtype=np.float32)

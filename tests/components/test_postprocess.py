@@ -19,8 +19,8 @@ def test_softmax_is_stable_and_normalised() -> None:
     np.testing.assert_allclose(probs[2], softmax(np.array([[0.0, 1.0, 0.0]], dtype=np.float32))[0], rtol=1e-5)
 
 
-def test_argmax_labels_and_probs(make_batch) -> None:
-    node = ArgMax.configure({}, node="post")
+def test_argmax_labels_and_probs(configure, make_batch) -> None:
+    node = configure(ArgMax, {}, node="post")
     assert node.inputs == {"logits": Port("FP32", [-1, 10])}
     assert node.outputs == {"label": Port("INT64", [-1]), "probs": Port("FP32", [-1, 10])}
     logits = np.zeros((3, 10), dtype=np.float32)
@@ -35,8 +35,8 @@ def test_argmax_labels_and_probs(make_batch) -> None:
         port.check(name, out[name])
 
 
-def test_argmax_on_probabilities_passes_them_on(make_batch) -> None:
-    node = ArgMax.configure({"input": "probs"}, node="final")
+def test_argmax_on_probabilities_passes_them_on(configure, make_batch) -> None:
+    node = configure(ArgMax, {"input": "probs"}, node="final")
     assert node.inputs == {"probs": Port("FP32", [-1, 10])}
     assert ArgMax.inputs == {"logits": Port("FP32", [-1, 10])}  # the class declaration is untouched
     probs = np.full((2, 10), 0.05, dtype=np.float32)
@@ -52,8 +52,8 @@ def test_argmax_rejects_unknown_input() -> None:
         ArgMax.configure({"input": "scores"})
 
 
-def test_topk(make_batch) -> None:
-    node = TopK.configure({"k": 3}, node="top")
+def test_topk(configure, make_batch) -> None:
+    node = configure(TopK, {"k": 3}, node="top")
     assert node.outputs == {"indices": Port("INT64", [-1, 3]), "scores": Port("FP32", [-1, 3])}
     assert TopK.outputs["indices"].shape == (-1, -1)
     logits = np.array([[0, 5, 1, 3, 0, 0, 0, 0, 0, 2], [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]], dtype=np.float32)

@@ -17,6 +17,7 @@ def _probs(tops: list[float]) -> np.ndarray:
 def _route(sizes: list[int], tops: list[float], make_batch, threshold: float = 0.9) -> Result:
     x = np.arange(len(tops) * 64, dtype=np.float32).reshape(len(tops), 64)
     node = ConfidenceRouter.configure({"threshold": threshold}, node="router")
+    assert isinstance(node, ConfidenceRouter)
     result = node.process(make_batch(sizes, probs=_probs(tops), x=x))
     assert isinstance(result, Result)
     assert result.errors == {}
