@@ -33,6 +33,7 @@ from flowserve.wire.envelope import (
     H_ERROR,
     H_FORMAT,
     H_NODE,
+    H_REPLY_TO,
     H_VISITS,
     decode_record,
     inherit,
@@ -109,6 +110,7 @@ class StageWorker:
         self.max_bytes = topology.spec.max_message_bytes
         self._topic_sources = {s.topic for ss in self.node.bindings.values() for s in ss}
         self._inputs_topic = topology.inputs_topic
+        self._replies_prefix = topology.replies_prefix
         self._cycles = topology.spec.allow_cycles
         self._step_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
@@ -384,14 +386,26 @@ class StageWorker:
                     value = frames[port][index] if port in frames else encode_tensors({port: rows})
                     self.outbox.add(topic, r.partition, key, value, headers)
             if out_frames is not None and r.headers.get(H_FORMAT) != b"json":
-                self.outbox.add(self.topology.outputs_topic, r.partition, key, out_frames[index], headers)
+                self.outbox.add(self._reply_topic(r), r.partition, key, out_frames[index], headers)
             elif node.emits_outputs:
                 out = {name: emitted[port] for name, port in node.emits_outputs.items() if port in emitted}
                 if out:
-                    self.outbox.add(self.topology.outputs_topic, r.partition, key,
+                    self.outbox.add(self._reply_topic(r), r.partition, key,
                                           self._encode_outputs(r, out), headers)
             self.counters.requests_ok += 1
             start = stop
+
+    def _reply_topic(self, r: Ready) -> str:
+        """Where a request's outputs go: its ``fs-reply-to`` topic (a gateway's own route) or the outputs topic.
+
+        Only the topology's own reply topics are honoured, so a header cannot make a worker write anywhere.
+        """
+        route = r.headers.get(H_REPLY_TO)
+        if route is not None:
+            topic = route.decode("utf-8", "replace")
+            if topic.startswith(self._replies_prefix):
+                return topic
+        return self.topology.outputs_topic
 
     def _encode_outputs(self, r: Ready, out: dict[str, np.ndarray]) -> bytes:
         if r.headers.get(H_FORMAT) == b"json":
@@ -420,7 +434,7 @@ class StageWorker:
             value = _EMPTY
             if r.headers.get(H_FORMAT) == b"json":
                 value = json.dumps({"id": r.request_id, "error": reason}).encode()
-            self.outbox.add(self.topology.outputs_topic, r.partition, key, value, headers)
+            self.outbox.add(self._reply_topic(r), r.partition, key, value, headers)
 
     async def _dead_letter(self, key: bytes | None, value: bytes | None, raw_headers: Any, partition: int,
                            source: str, reason: str) -> None:

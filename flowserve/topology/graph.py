@@ -85,6 +85,14 @@ class Topology:
         return f"{self.base}.outputs"
 
     @property
+    def replies_prefix(self) -> str:
+        """Reply topics of synchronous callers (one per gateway instance) start with this."""
+        return f"{self.base}.replies."
+
+    def reply_topic(self, instance: str) -> str:
+        return f"{self.replies_prefix}{instance}"
+
+    @property
     def deadletter_topic(self) -> str:
         return f"{self.base}.deadletter"
 
