@@ -67,6 +67,11 @@ class TorchClassifier(Component):
         self._model: Any = None
         self._pinned: torch.Tensor | None = None
 
+    def prepare(self) -> None:
+        """Train and cache a missing zoo model once, before the workers that load it start."""
+        if self.params.path is None and self.params.model is not None:
+            models.ensure(self.params.model)
+
     def setup(self) -> None:
         import torch
 

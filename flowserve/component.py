@@ -37,7 +37,7 @@ class Port:
     datatype: str
     shape: tuple[int, ...] | list[int] = (-1,)
     allow_nan: bool = True
-    doc: str = ""
+    doc: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if self.datatype not in DATATYPES:
@@ -148,7 +148,12 @@ class Component:
                 f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}" for e in exc.errors()
             )
             raise ComponentError(f"bad params for {cls.__name__}: {problems}") from None
-        return cls(params, node=node)
+        try:
+            return cls(params, node=node)
+        except ComponentError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any constructor failure is a configuration error here
+            raise ComponentError(f"{cls.__name__}({params!r}) failed: {exc!r}") from None
 
     def prepare(self) -> None:
         """Once per deployment, before workers start: e.g. train or fetch-from-cache a model."""

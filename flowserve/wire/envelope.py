@@ -70,6 +70,8 @@ class Envelope:
 
 def inherit(headers: Mapping[str, bytes], **extra: bytes) -> Headers:
     """Headers for a record derived from one with ``headers``: metadata carries over, errors do not."""
+    if not extra and H_ERROR not in headers and H_NODE not in headers:
+        return list(headers.items())  # the common case, once per record on the hot path
     out = [(k, v) for k, v in headers.items() if k not in _NOT_INHERITED and k not in extra]
     out.extend(extra.items())
     return out
@@ -96,7 +98,7 @@ def make_headers(
 
 
 def header_dict(raw: Sequence[tuple[str, bytes]] | None) -> dict[str, bytes]:
-    return {k: v for k, v in raw or ()}
+    return dict(raw) if raw else {}
 
 
 def decode_record(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]] | None,
