@@ -10,6 +10,7 @@ Their ports come from params, so one class fits any tensor::
 
 from __future__ import annotations
 
+import re
 import time
 from typing import ClassVar, Literal
 
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from flowserve.component import Batch, Component, Port, Result
 from flowserve.errors import ComponentError
+from flowserve.topology.spec import ID_PATTERN
 
 
 class PortParams(BaseModel):
@@ -45,6 +47,8 @@ class IdentityParams(BaseModel):
         if not ports:
             raise ValueError("declare at least one port")
         for name, spec in ports.items():
+            if not re.match(ID_PATTERN, name):  # port names end up in topic names
+                raise ValueError(f"port name '{name}' must match {ID_PATTERN}")
             try:
                 spec.port()
             except ComponentError as exc:

@@ -78,12 +78,13 @@ def cmd_topics(args: argparse.Namespace) -> int:
     topology = _topology(args.topology)
     partitions = args.partitions or topology.spec.partitions
     if args.create:
-        from flowserve.runtime.kafka import ensure_topics
+        from flowserve.runtime.host import create_topology_topics
 
         if not args.broker:
             raise FlowserveError("--create needs --broker host:port")
-        created = asyncio.run(ensure_topics(_kafka(args.broker), topology.topics(), partitions,
-                                            max_message_bytes=topology.spec.max_message_bytes))
+        if args.partitions:
+            topology = topology.with_partitions(args.partitions)
+        created = asyncio.run(create_topology_topics(topology, _kafka(args.broker)))
         console.print(f"created {len(created)} topic(s) with {partitions} partitions")
     for topic in topology.topics():
         print(topic)
@@ -108,15 +109,31 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise FlowserveError(f"topology '{topology.name}' has no node '{args.node}' "
                              f"(nodes: {', '.join(topology.nodes)})")
 
+    settings = WorkerSettings(stats_interval_s=args.stats_interval)
+    if args.host == "faust":
+        from flowserve.runtime.faust_host import run_worker
+
+        run_worker(topology, args.node, _kafka(args.broker), settings,
+                   loglevel="info" if args.verbose else "warn")
+        return 0
+
     async def main() -> None:
-        worker = StageWorker(topology, args.node, _kafka(args.broker),
-                             WorkerSettings(stats_interval_s=args.stats_interval))
+        worker = StageWorker(topology, args.node, _kafka(args.broker), settings)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
         await worker.run()
 
     asyncio.run(main())
+    return 0
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    from flowserve.runtime.faust_host import send_command
+
+    topology = _topology(args.topology)
+    asyncio.run(send_command(topology, _kafka(args.broker), args.command, node=args.node))
+    console.print(f"sent '{args.command}' to {args.node or 'every node'} of '{topology.name}'")
     return 0
 
 
@@ -144,6 +161,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             if args.sample:
                 return _sample(topology, kafka, args)
+            if args.gateway_port is not None:
+                from flowserve.gateway.cli import GatewaySettings, serve_blocking
+
+                return serve_blocking([topology], kafka, GatewaySettings.from_env(port=args.gateway_port))
             console.print("Ctrl-C to stop")
             signal.sigwait({signal.SIGINT, signal.SIGTERM})
             return 0
@@ -156,7 +177,9 @@ def _sample(topology: Any, kafka: Any, args: argparse.Namespace) -> int:
     from flowserve.runtime.traffic import run_sample
 
     with console.status(f"waiting for the pipeline, then sending {args.sample} sample requests…"):
-        report = asyncio.run(run_sample(topology, kafka, args.sample, concurrency=args.concurrency))
+        shift = {"shift": args.shift, "amount": args.amount} if getattr(args, "shift", None) else None
+        report = asyncio.run(run_sample(topology, kafka, args.sample, concurrency=args.concurrency,
+                                        sampler_kwargs=shift))
     table = Table(title=f"{topology.name}: first predictions")
     table.add_column("request id")
     table.add_column("predicted")
@@ -218,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send N sample requests, print predictions, accuracy and latency, then exit")
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight during --sample")
     p.add_argument("--log-dir", help="write each worker's log here")
+    p.add_argument("--shift", choices=["noise", "brightness"], help="--sample: distort the sample inputs (drift demo)")
+    p.add_argument("--amount", type=float, default=0.0, help="--sample: size of the --shift")
+    p.add_argument("--gateway-port", type=int, metavar="PORT",
+                   help="also serve the topology over HTTP (Open Inference Protocol V2) on 127.0.0.1:PORT")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("worker", help="run one node of a topology (scale out: start more in the same group)")
@@ -225,8 +252,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("node")
     p.add_argument("--broker", required=True)
     p.add_argument("--stats-interval", type=float, default=0.0, help="log counters every N seconds")
+    p.add_argument("--host", choices=["faust", "asyncio"], default="faust",
+                   help="process host: faust (control-topic agent, lifecycle) or a bare asyncio loop")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("control", help="send an operator command to a topology's workers (faust host)")
+    p.add_argument("topology")
+    p.add_argument("command", choices=["pause", "resume", "stats", "stop"])
+    p.add_argument("--node", help="only this node's workers (default: all)")
+    p.add_argument("--broker", required=True)
+    p.set_defaults(func=cmd_control)
 
     p = sub.add_parser("validate", help="validate topology files")
     p.add_argument("topology", nargs="+")
@@ -254,12 +290,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int)
     p.set_defaults(func=cmd_broker)
 
+    from flowserve.gateway.cli import add_arguments as gateway_arguments
+    from flowserve.gateway.cli import cmd_gateway
+
+    p = sub.add_parser("gateway", help="serve topologies over HTTP (Open Inference Protocol V2), request-reply")
+    gateway_arguments(p)
+    p.set_defaults(func=cmd_gateway)
+
+    from flowserve.capture.cli import register as capture_commands
+
+    capture_commands(sub)  # inspect, lineage, drift
+
+    from flowserve.tuning.commands import cmd_profile, cmd_stats
+
+    p = sub.add_parser("profile", help="measure each node's execution time per batch size (saved beside the topology)")
+    p.add_argument("topology")
+    p.add_argument("node", nargs="?", help="only this node (default: every node)")
+    p.add_argument("--max-batch", type=int, help="largest batch size to profile (default: the node's max_batch)")
+    p.add_argument("--repeats", type=int, default=30, help="timed calls per batch size")
+    p.add_argument("--out", help="profile file (default: <topology>.profile.json beside the topology)")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("stats", help="latest metrics snapshot of every worker of a topology")
+    p.add_argument("topology")
+    p.add_argument("--broker", required=True)
+    p.add_argument("--json", action="store_true", help="print the snapshots as JSON")
+    p.set_defaults(func=cmd_stats)
+
     p = sub.add_parser("bench", help="benchmarks: flowserve and its baseline in one run, with the ratio")
-    p.add_argument("workload", choices=["passthrough", "latency"])
+    p.add_argument("workload", choices=["passthrough", "latency", "gateway", "capture", "batching"])
     broker_opts(p)
     p.add_argument("--records", type=int, default=200_000, help="passthrough: records per contender")
     p.add_argument("--rate", type=float, default=50.0, help="latency: requests per second")
-    p.add_argument("--seconds", type=float, default=20.0, help="latency: how long to send")
+    p.add_argument("--seconds", type=float, default=20.0, help="latency: how long to send; gateway: per level")
+    p.add_argument("--cell-seconds", type=float, default=3.0, help="batching: seconds of traffic per load cell")
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -18,4 +18,17 @@ def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> 
         from flowserve.bench.latency import latency
 
         return asyncio.run(latency(kafka, rate=args.rate, seconds=args.seconds))
+    if workload == "gateway":
+        from flowserve.bench.gateway import gateway_bench
+
+        return asyncio.run(gateway_bench(kafka, seconds=args.seconds))
+    if workload == "capture":
+        from flowserve.bench.capture import capture_bench
+
+        requests = args.records if args.records != 200_000 else 3000  # --records' default suits passthrough
+        return asyncio.run(capture_bench(kafka, requests=requests, rate=args.rate, seconds=args.seconds))
+    if workload == "batching":
+        from flowserve.bench.batching import batching
+
+        return asyncio.run(batching(kafka, cell_seconds=getattr(args, "cell_seconds", 3.0)))
     raise ValueError(f"unknown workload {workload}")

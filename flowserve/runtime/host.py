@@ -27,8 +27,14 @@ log = logging.getLogger("flowserve.host")
 
 
 async def create_topology_topics(topology: Topology, kafka: KafkaSettings) -> list[str]:
-    return await ensure_topics(kafka, topology.topics(), topology.spec.partitions,
-                               max_message_bytes=topology.spec.max_message_bytes)
+    from flowserve.capture.policy import topic_configs
+    from flowserve.runtime.faust_host import control_topic
+
+    created = await ensure_topics(kafka, topology.topics(), topology.spec.partitions,
+                                  max_message_bytes=topology.spec.max_message_bytes,
+                                  configs=topic_configs(topology))
+    # faust-hosted workers subscribe to the control topic at start and ignore it while it is missing.
+    return created + await ensure_topics(kafka, [control_topic(topology)], 1)
 
 
 @dataclass

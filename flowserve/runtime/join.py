@@ -31,6 +31,8 @@ class Ready:
     headers: dict[str, bytes]
     partition: int
     error: str | None = None
+    #: the records the join assembled this request from: ((topic, partition), offset), for lineage.
+    offsets: list[tuple[TP, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -87,7 +89,7 @@ class JoinBuffer:
             if d is not None and (tightest is None or d < tightest):
                 tightest = d
                 headers["fs-deadline"] = str(d).encode()
-        return Ready(request_id, tensors or {}, headers, p.partition, error)
+        return Ready(request_id, tensors or {}, headers, p.partition, error, p.offsets)
 
     def add(self, env: Envelope, topic: str, tp: TP, offset: int, now_ms: int) -> Ready | None:
         """Record one arrival; returns the request when it is ready (or failed) now."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -51,8 +51,12 @@ def make_producer(kafka: KafkaSettings, worker: WorkerSettings, *, max_message_b
 
 
 async def ensure_topics(kafka: KafkaSettings, topics: Iterable[str], partitions: int,
-                        *, max_message_bytes: int | None = None, timeout_s: float = 30.0) -> list[str]:
-    """Create the topics that are missing, all with ``partitions`` partitions. Returns those created."""
+                        *, max_message_bytes: int | None = None, timeout_s: float = 30.0,
+                        configs: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
+    """Create the topics that are missing, all with ``partitions`` partitions. Returns those created.
+
+    ``configs`` adds per-topic settings (e.g. ``retention.ms``) to the topics it names.
+    """
     admin = AIOKafkaAdminClient(**kafka.client_kwargs())
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
@@ -63,7 +67,8 @@ async def ensure_topics(kafka: KafkaSettings, topics: Iterable[str], partitions:
         config = {"max.message.bytes": str(max_message_bytes + _OVERHEAD)} if max_message_bytes else {}
         wanted = [t for t in dict.fromkeys(topics) if t not in existing]
         if wanted:
-            new = [NewTopic(t, num_partitions=partitions, replication_factor=1, topic_configs=config)
+            new = [NewTopic(t, num_partitions=partitions, replication_factor=1,
+                            topic_configs={**config, **(configs or {}).get(t, {})})
                    for t in wanted]
             with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics(new)

@@ -71,3 +71,4 @@ class WorkerSettings(BaseModel):
     acks: Literal[0, 1, "all"] = "all"
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     stats_interval_s: float = Field(0.0, ge=0, description="log counters this often (0: only at exit)")
+    metrics_interval_s: float = Field(2.0, ge=0, description="publish a metrics snapshot this often (0: never)")

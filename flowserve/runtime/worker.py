@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import json
 import logging
 import time
@@ -21,15 +22,19 @@ import numpy as np
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
+from flowserve.capture.stage import StageCapture
 from flowserve.component import Batch, Component, Result
-from flowserve.errors import WireError
+from flowserve.errors import FlowserveError, WireError
+from flowserve.runtime.batching import ExecProfile, deadline_of, describe, device_lock, load_node_profiles, make_policy
 from flowserve.runtime.join import TP, JoinBuffer, Ready
 from flowserve.runtime.kafka import make_consumer, make_producer
+from flowserve.runtime.metrics import NodeMetrics
 from flowserve.runtime.outbox import Outbox
-from flowserve.runtime.policy import BatchPolicy, LagPolicy
+from flowserve.runtime.policy import BatchPolicy, plan_with
 from flowserve.runtime.settings import KafkaSettings, WorkerSettings
 from flowserve.topology.graph import Node, Topology
 from flowserve.wire.envelope import (
+    H_DEADLINE,
     H_ERROR,
     H_FORMAT,
     H_NODE,
@@ -57,6 +62,10 @@ class Counters:
     records_out: int = 0
     commits: int = 0
     last_batch: int = 0
+    #: refused at once: could not have finished before their deadline (SLO admission).
+    refused: int = 0
+    #: processed here but finished after their deadline.
+    late: int = 0
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
 
     def snapshot(self) -> dict[str, Any]:
@@ -84,6 +93,8 @@ class _Rebalance(ConsumerRebalanceListener):
                 self.worker.join.drop_partitions({tp.partition for tp in revoked})
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
+        if self.worker.paused:  # an operator's pause holds across rebalances
+            self.worker.consumer.pause(*assigned)
         log.info("node %s assigned %s", self.worker.node.id, sorted((tp.topic, tp.partition) for tp in assigned))
 
 
@@ -104,7 +115,19 @@ class StageWorker:
         self.kafka = kafka
         self.settings = settings or WorkerSettings()
         self.component = component or self.node.component
-        self.policy: BatchPolicy = policy or LagPolicy(self.node.max_batch)
+        profiles: dict[str, ExecProfile | None] = {}
+        if policy is None:
+            try:
+                profiles = load_node_profiles(topology)
+            except FlowserveError as exc:
+                log.warning("node %s: ignoring the topology's profile: %s", node_id, exc)
+        self.policy: BatchPolicy = policy or make_policy(topology, node_id, profiles.get(node_id), profiles)
+        #: execution time per batch size, seeded from the profile file and kept live by every batch.
+        self.profile: ExecProfile = getattr(self.policy, "profile", None) or profiles.get(node_id) or ExecProfile()
+        self.metrics: NodeMetrics | None = None
+        self._last_lag = 0
+        self._early: list[Any] = []  # acknowledgements of batches sent before the step ends
+        self._publishing: asyncio.Task[None] | None = None
         self.join = JoinBuffer(self.node) if self.node.needs_join or self.node.triggers else None
         self.counters = Counters()
         self.max_bytes = topology.spec.max_message_bytes
@@ -115,6 +138,7 @@ class StageWorker:
         self._step_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._started = False
+        self.paused = False
         self._seen: dict[TP, int] = {}
         self._inflight: tuple[list[Any], dict[TopicPartition, int]] | None = None
         self.consumer = make_consumer(kafka, self.settings, group_id=topology.group_id(node_id),
@@ -122,6 +146,7 @@ class StageWorker:
         self.producer = make_producer(kafka, self.settings, max_message_bytes=self.max_bytes,
                                       client_id=f"fs-{node_id}")
         self.outbox = Outbox(self.producer)
+        self.capture = StageCapture.attach(self)  # None unless the node captures or reports (flowserve.capture)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -129,10 +154,23 @@ class StageWorker:
         if self._started:
             return
         await asyncio.to_thread(self.component.setup)
+        self.metrics = NodeMetrics(self.topology.name, self.node.id, counters=self.counters.snapshot,
+                                   lag=lambda: self._last_lag)
+        if self.capture is not None:
+            self.capture.start()
         await self.producer.start()
         await self.consumer.start()
         self.consumer.subscribe(list(self.node.input_topics), listener=_Rebalance(self))
         self._started = True
+
+    def pause(self) -> None:
+        """Stop fetching (operator command); what is in flight still completes and commits."""
+        self.consumer.pause(*self.consumer.assignment())
+        self.paused = True
+
+    def resume(self) -> None:
+        self.consumer.resume(*self.consumer.assignment())
+        self.paused = False
 
     def stop(self) -> None:
         """Ask the loop to finish its current batch, commit, and return."""
@@ -140,10 +178,14 @@ class StageWorker:
 
     async def run(self) -> None:
         await self.start()
-        last_stats = time.monotonic()
+        last_stats = last_publish = time.monotonic()
         try:
             while not self._stopping.is_set():
                 await self.step()
+                every = self.settings.metrics_interval_s
+                if every and time.monotonic() - last_publish >= every:
+                    last_publish = time.monotonic()
+                    self._publish()
                 interval = self.settings.stats_interval_s
                 if interval and time.monotonic() - last_stats > interval:
                     last_stats = time.monotonic()
@@ -159,10 +201,40 @@ class StageWorker:
             await self.drain()
         with contextlib.suppress(Exception):
             await self.consumer.stop()
+        if self.metrics is not None and self.settings.metrics_interval_s:
+            with contextlib.suppress(Exception):  # a last snapshot, so stats show the final counts
+                await asyncio.wait_for(self._send_snapshot(self._snapshot()), 2.0)
         with contextlib.suppress(Exception):
             await self.producer.stop()
+        if self.metrics is not None:
+            self.metrics.close()
         self.component.close()
+        if self.capture is not None:
+            self.capture.close()
         log.info("node %s stopped: %s", self.node.id, json.dumps(self.counters.snapshot()))
+
+    # -- metrics -------------------------------------------------------------------------------------
+
+    def _snapshot(self) -> dict[str, Any]:
+        assert self.metrics is not None
+        known = self.profile.known()
+        return self.metrics.snapshot({"policy": describe(self.policy),
+                                      "profile_p99_ms": {str(k): round(v * 1000, 3) for k, v in sorted(known.items())}})
+
+    def _publish(self) -> None:
+        """Send a metrics snapshot in the background (never blocks the loop; skipped while one is in flight)."""
+        if self.metrics is None or (self._publishing is not None and not self._publishing.done()):
+            return
+        self._publishing = asyncio.create_task(self._send_snapshot(self._snapshot()))
+
+    async def _send_snapshot(self, snap: dict[str, Any]) -> None:
+        assert self.metrics is not None
+        try:
+            await asyncio.wait_for(self.producer.send_and_wait(
+                self.topology.metrics_topic, json.dumps(snap).encode(),
+                key=f"{self.node.id}/{self.metrics.worker}".encode()), 10.0)
+        except Exception as exc:  # noqa: BLE001 - metrics must never stop the worker
+            log.debug("node %s: metrics snapshot not published: %r", self.node.id, exc)
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -179,35 +251,58 @@ class StageWorker:
         timeout = self.settings.poll_timeout_ms
         if self.join is not None and len(self.join):
             timeout = min(timeout, 20)
-        size = self.policy.next_size(self._lag())
+        self._last_lag = self._lag()
+        size = self.policy.next_size(self._last_lag)
         try:
             fetched = await self.consumer.getmany(timeout_ms=timeout, max_records=size)
+            wait_ms = getattr(self.policy, "max_wait_ms", 0.0)
+            if wait_ms and fetched:
+                fetched = await self._fill(dict(fetched), size, wait_ms)
         except IllegalStateError:  # not subscribed yet / shutting down
             await asyncio.sleep(timeout / 1000)
             return
         async with self._step_lock:
             await self._handle(fetched)
 
+    async def _fill(self, fetched: dict[TopicPartition, list[Any]], size: int,
+                    wait_ms: float) -> dict[TopicPartition, list[Any]]:
+        """Timeout batching: once records are here, keep fetching up to ``wait_ms`` until ``size`` are."""
+        got = sum(len(r) for r in fetched.values())
+        end = time.monotonic() + wait_ms / 1000
+        while got < size and (left := end - time.monotonic()) > 0:
+            more = await self.consumer.getmany(timeout_ms=max(1, int(left * 1000)), max_records=size - got)
+            for tp, records in more.items():
+                fetched[tp] = [*fetched.get(tp, ()), *records]
+                got += len(records)
+        return fetched
+
     async def _handle(self, fetched: Mapping[TopicPartition, list[Any]]) -> None:
         now = now_ms()
         items: list[_Item] = []
         handled: dict[TP, int] = {}
         for tp, records in fetched.items():
-            key = (tp.topic, tp.partition)
-            for rec in records:
-                self.counters.records_in += 1
-                await self._intake(rec, key, now, items)
-                handled[key] = rec.offset + 1
             if records:
-                self._seen[key] = records[-1].offset + 1
+                key = (tp.topic, tp.partition)
+                handled[key] = self._seen[key] = records[-1].offset + 1
+        # One queue in arrival order: partitions merged by record timestamp, each partition's order kept.
+        ordered = next(iter(fetched.values())) if len(fetched) == 1 else heapq.merge(
+            *fetched.values(), key=_timestamp)
+        waits: list[float] = []
+        for rec in ordered:
+            self.counters.records_in += 1
+            if rec.timestamp and rec.timestamp > 0:
+                waits.append(now - rec.timestamp)
+            await self._intake(rec, (rec.topic, rec.partition), now, items)
+        if waits and self.metrics is not None:
+            self.metrics.queue_wait(waits)
         if self.join is not None:
             items.extend(_Item(r) for r in self.join.expire(now))
         if items:
-            t0 = time.perf_counter()
             await self._process(items, now)
-            self.policy.observe(len(items), time.perf_counter() - t0)
         sent, futures = await self.outbox.send() if self.outbox.count else (0, [])
         self.counters.records_out += sent
+        if self._early:
+            futures, self._early = [*self._early, *futures], []
         # Two-stage pipeline: this batch's acknowledgements are awaited after the next fetch, so the
         # broker's ack round trip overlaps useful work. Commits still follow their own batch's acks.
         previous, self._inflight = self._inflight, None
@@ -290,7 +385,8 @@ class StageWorker:
             if r.error is not None:
                 await self._emit_error(r, r.error, count=False)
                 continue
-            if r.headers.get("fs-deadline") is not None and int(r.headers["fs-deadline"]) < now:
+            deadline = deadline_of(r.headers.get(H_DEADLINE))
+            if deadline is not None and deadline < now:
                 self.counters.expired += 1
                 await self._emit_error(r, f"deadline exceeded before node '{self.node.id}'")
                 continue
@@ -308,13 +404,57 @@ class StageWorker:
             signature = tuple((p, a.dtype.str, a.shape[1:]) for p, a in r.tensors.items())
             groups.setdefault(signature, []).append(item)
         for group in groups.values():
-            for start in range(0, len(group), self.node.max_batch):
-                await self._run_batch(group[start : start + self.node.max_batch])
+            await self._work_off(group)
+
+    async def _work_off(self, queue: list[_Item]) -> None:
+        """Run a FIFO queue batch by batch as the policy plans it, re-planning with the real clock after
+        each batch. Requests the policy says cannot make their deadline are refused at once (error result)."""
+        deadlines: list[float | None] = [deadline_of(it.ready.headers.get(H_DEADLINE)) for it in queue]
+        first = True
+        while queue:
+            now = now_ms()
+            if not first and any(d is not None and d < now for d in deadlines):
+                keep = []
+                for it, d in zip(queue, deadlines, strict=True):
+                    if d is not None and d < now:
+                        self.counters.expired += 1
+                        await self._emit_error(it.ready, f"deadline exceeded before node '{self.node.id}'")
+                    else:
+                        keep.append((it, d))
+                queue, deadlines = [it for it, _ in keep], [d for _, d in keep]
+                if not queue:
+                    return
+            first = False
+            plan = plan_with(self.policy, deadlines, now)
+            if plan.refuse:
+                for i, why in sorted(plan.refuse.items()):
+                    self.counters.refused += 1
+                    await self._emit_error(queue[i].ready, f"refused by node '{self.node.id}': {why}")
+                queue = [it for i, it in enumerate(queue) if i not in plan.refuse]
+                deadlines = [d for i, d in enumerate(deadlines) if i not in plan.refuse]
+                if not queue:
+                    return
+            take = max(1, min(plan.take, self.node.max_batch, len(queue)))
+            batch, queue, deadlines = queue[:take], queue[take:], deadlines[take:]
+            await self._run_batch(batch)
+            if queue and self.outbox.count:  # results of this batch leave now, not after the whole queue
+                sent, futures = await self.outbox.send()
+                self.counters.records_out += sent
+                self._early.extend(futures)
 
     async def _call(self, batch: Batch) -> Mapping[str, np.ndarray] | Result:
+        lock = device_lock(str(getattr(self.component, "device", "cpu")))
+        if lock is not None:  # one batch in flight per GPU
+            return await asyncio.to_thread(_locked, lock, self.component.process, batch)
         if getattr(self.component, "offload", False):
             return await asyncio.to_thread(self.component.process, batch)
         return self.component.process(batch)
+
+    def _observe(self, size: int, seconds: float) -> None:
+        self.profile.observe(size, seconds)
+        self.policy.observe(size, seconds)
+        if self.metrics is not None:
+            self.metrics.batch(size, seconds)
 
     async def _run_batch(self, group: list[_Item]) -> None:
         tensors: dict[str, np.ndarray] = {}
@@ -326,10 +466,13 @@ class StageWorker:
                 tensors[port] = np.concatenate([it.ready.tensors[port] for it in group])
         sizes = [next(iter(it.ready.tensors.values())).shape[0] if it.ready.tensors else 1 for it in group]
         batch = Batch(tensors, sizes, [it.ready.request_id for it in group])
+        tap = self.capture.begin(group) if self.capture is not None else None
         self.counters.batches += 1
         self.counters.last_batch = len(group)
         try:
+            t0 = time.perf_counter()
             result = await self._call(batch)
+            seconds = time.perf_counter() - t0
             outputs, mask, errors = _unpack(result, sum(sizes), self.component)
         except Exception as exc:  # noqa: BLE001 - a component bug must not kill the worker
             if len(group) == 1:
@@ -339,7 +482,15 @@ class StageWorker:
             for item in group:
                 await self._run_batch([item])
             return
+        self._observe(len(group), seconds)
         await self._emit(group, sizes, outputs, mask, errors)
+        done = now_ms()
+        for item in group:
+            deadline = deadline_of(item.ready.headers.get(H_DEADLINE))
+            if deadline is not None and deadline < done:
+                self.counters.late += 1
+        if self.capture is not None and tap is not None:
+            self.capture.end(tap, sizes, outputs, mask, errors)
 
     async def _emit(self, group: list[_Item], sizes: list[int], outputs: dict[str, np.ndarray],
                     mask: dict[str, np.ndarray], errors: dict[int, str]) -> None:
@@ -459,6 +610,15 @@ class StageWorker:
         value = item.raw if item.raw is not None else encode_tensors(r.tensors)
         await self._dead_letter(r.request_id.encode(), value, list(r.headers.items()), r.partition,
                                 item.source or f"join:{self.node.id}", reason)
+
+
+def _timestamp(rec: Any) -> int:
+    return rec.timestamp or 0
+
+
+def _locked(lock: Any, fn: Any, *args: Any) -> Any:
+    with lock:
+        return fn(*args)
 
 
 def _visits(raw: bytes | None) -> dict[str, int]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from flowserve.capture.policy import captured_ports, side_topics
 from flowserve.component import Batch, Component, Port, load_component_class
 from flowserve.errors import ComponentError, FlowserveError, TopologyError
 from flowserve.topology.spec import JoinSpec, TopologySpec, load_spec, load_spec_text
@@ -42,6 +43,8 @@ class Node:
     output_topics: dict[str, str]
     #: output name -> port of this node, when this node also writes the topology's outputs record.
     emits_outputs: dict[str, str] = field(default_factory=dict)
+    #: port -> topic of captured ports nobody reads (written for sampled requests only; see flowserve.capture).
+    capture_topics: dict[str, str] = field(default_factory=dict)
 
     @property
     def input_topics(self) -> tuple[str, ...]:
@@ -96,14 +99,25 @@ class Topology:
     def deadletter_topic(self) -> str:
         return f"{self.base}.deadletter"
 
+    @property
+    def metrics_topic(self) -> str:
+        """Workers publish periodic metrics snapshots here (``flowserve stats`` reads them)."""
+        return f"{self.base}.metrics"
+
+    def with_partitions(self, partitions: int) -> Topology:
+        """The same topology with another partition count (e.g. sized for a cluster at deploy time)."""
+        return compile_spec(self.spec.model_copy(update={"partitions": partitions}), source=self.source)
+
     def group_id(self, node_id: str) -> str:
         return f"{self.base}.{node_id}"
 
     def topics(self) -> list[str]:
         """Every topic this topology writes or reads that it owns (not other topologies' outputs)."""
-        owned = [self.inputs_topic, self.outputs_topic, self.deadletter_topic]
+        owned = [self.inputs_topic, self.outputs_topic, self.deadletter_topic, self.metrics_topic]
         for node in self.nodes.values():
             owned.extend(node.output_topics.values())
+            owned.extend(node.capture_topics.values())
+        owned.extend(side_topics(self))
         return owned
 
     def output_ports(self) -> dict[str, Port]:
@@ -310,6 +324,7 @@ def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
     single = next(iter(producers)) if len(producers) == 1 and None not in producers else None
     if single is None:  # the implicit Collect node reads every output's topic
         consumed.update((src.node, src.tensor) for src in outputs.values() if src.node)
+    captured = captured_ports(spec, {n: list(c.outputs) for n, c in components.items()}, consumed, source)
     nodes: dict[str, Node] = {}
     for node_id in order:
         node_spec = spec.nodes[node_id]
@@ -325,6 +340,7 @@ def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
             output_topics={p: f"{spec.prefix}.{spec.name}.{node_id}.{p}" for p in component.outputs
                            if (node_id, p) in consumed},
             emits_outputs={name: src.tensor for name, src in outputs.items()} if node_id == single else {},
+            capture_topics=captured.get(node_id, {}),
         )
     if single is None:
         ports = {name: src.port or Port("BYTES", (-1,)) for name, src in outputs.items()}

@@ -8,6 +8,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from flowserve.capture.spec import CaptureSpec
 from flowserve.errors import TopologyError
 
 ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
@@ -32,6 +33,18 @@ class PortSpec(_Strict):
     allow_nan: bool = True
 
 
+class BatchingSpec(_Strict):
+    """How a node's worker sizes its batches (see flowserve.runtime.batching)."""
+
+    #: slo: deadline-aware (profiled p99 per batch size, AIMD without a profile); lag: what is queued up to
+    #: max_batch; fixed: up to `size` at a time; timeout: wait up to `max_wait_ms` for `size` records.
+    policy: Literal["slo", "lag", "fixed", "timeout"] = "slo"
+    size: int | None = Field(None, gt=0, le=65536)
+    max_wait_ms: float = Field(0.0, ge=0, le=60_000)
+    #: slo: time set aside per Kafka hop still ahead of a request.
+    hop_ms: float = Field(2.0, ge=0, le=60_000)
+
+
 class NodeSpec(_Strict):
     component: str
     params: dict[str, Any] = Field(default_factory=dict)
@@ -41,6 +54,7 @@ class NodeSpec(_Strict):
     triggers: list[str] = Field(default_factory=list)
     join: JoinSpec = Field(default_factory=JoinSpec)
     max_batch: int | None = Field(None, gt=0, le=65536)
+    batching: BatchingSpec = Field(default_factory=BatchingSpec)
     #: worker processes `flowserve run` starts for this node (more = more consumers in the group).
     replicas: int = Field(1, ge=1, le=64)
 
@@ -62,6 +76,8 @@ class TopologySpec(_Strict):
     max_revisits: int = Field(3, ge=1, le=100)
     #: "module:function" returning sample requests and labels for `flowserve run --sample`.
     sample: str | None = None
+    #: capture of intermediate data, lineage and tracing (flowserve.capture); absent = nothing extra written.
+    capture: CaptureSpec | None = None
 
     @field_validator("nodes")
     @classmethod

@@ -35,6 +35,7 @@ def test_identity_ports_from_params_are_per_instance(configure, make_batch) -> N
         ({"x": {"datatype": "FLOAT"}}, "port 'x': port datatype 'FLOAT' is not one of"),
         ({"x": {"datatype": "FP32", "shape": []}}, "port 'x': port shape"),
         ({}, "declare at least one port"),
+        ({"a b": {"datatype": "FP32"}}, "port name 'a b' must match"),
         ({"x": {"datatype": "FP32", "dims": [1]}}, "dims"),
     ],
 )

@@ -1,0 +1,306 @@
+"""Drift detectors (alibi-detect) as components: a side branch on any port, off the critical path.
+
+A detector is an ordinary node that reads a port's topic in its own consumer group and emits no
+request outputs; each closed window's result goes, as JSON, to ``<prefix>.<topology>.drift`` (through
+the worker's Outbox, so it is acknowledged before the detector commits). ``flowserve drift TOPOLOGY``
+shows the latest state per detector and context::
+
+    drift:
+      component: components.drift:FeatureDrift
+      params: {method: ks, window: 100, p_val: 0.05, reference: components.drift:digits_reference}
+      inputs: {x: pre.x}
+
+- :class:`FeatureDrift`: continuous features, FP32 ``[-1, d]``; ``ks`` (per-feature Kolmogorov-Smirnov
+  with a Bonferroni or FDR correction) or ``mmd`` (maximum mean discrepancy, permutation test, pytorch).
+- :class:`CategoricalDrift`: labels, INT64 ``[-1]``; chi-squared.
+- :class:`OutputDrift`: a model's output distribution from its logits, FP32 ``[-1, k]``; chi-squared over
+  the predicted class (``method: chi2``, default) or KS over the softmax probabilities (``method: ks``).
+
+Windows close by count (``window`` rows) or by time (``window_s``; the first arrival after the window's
+time closes it). Reference data: a ``.npy`` file or ``module:function``, else the first
+``reference_size`` rows seen (per context). ``context_header`` (e.g. ``x-client``) keeps one reference and
+window per value of that request header. alibi-detect is imported in ``setup`` (it takes seconds).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from flowserve.component import Batch, Component, Port
+from flowserve.errors import ComponentError
+
+log = logging.getLogger("flowserve.drift")
+
+
+class DriftParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["ks", "mmd", "chi2"] = Field("ks", description="statistical test")
+    p_val: float = Field(0.05, gt=0.0, lt=1.0, description="significance level of one window's test")
+    window: int = Field(100, ge=2, le=1_000_000, description="rows per window (count windows)")
+    window_s: float | None = Field(None, gt=0, description="close windows by time instead (seconds)")
+    reference: str | None = Field(None, description="a .npy file or 'module:function' returning the reference")
+    reference_size: int = Field(500, ge=2, description="without 'reference': the first N rows seen")
+    context_header: str | None = Field(None, description="request header whose values get their own state")
+    correction: Literal["bonferroni", "fdr"] = "bonferroni"
+    n_permutations: int = Field(100, ge=10, le=10_000, description="mmd: permutations of the test")
+    categories: int | None = Field(None, ge=2, description="chi2: number of categories (default: from data)")
+    seed: int = 0
+
+
+class CategoricalParams(DriftParams):
+    method: Literal["ks", "mmd", "chi2"] = Field("chi2", description="statistical test")
+
+
+@dataclass
+class _State:
+    """Reference, detector and open window of one context."""
+
+    reference: list[np.ndarray] = field(default_factory=list)
+    reference_rows: int = 0
+    detector: Any = None
+    window: list[np.ndarray] = field(default_factory=list)
+    window_rows: int = 0
+    window_start_ms: int = 0
+    windows: int = 0
+    drifts: int = 0
+
+
+class _Detector(Component):
+    """The shared machinery: per-context state, windows, alibi-detect detectors, reports."""
+
+    Params: ClassVar[type[BaseModel]] = DriftParams
+    max_batch: ClassVar[int] = 4096
+    offload: ClassVar[bool] = True  # tests run in a thread; the worker keeps fetching
+    side_output: ClassVar[str] = "drift"
+    methods: ClassVar[tuple[str, ...]] = ("ks", "mmd", "chi2")
+    params: DriftParams
+
+    def __init__(self, params: BaseModel | None = None, *, node: str = "") -> None:
+        super().__init__(params, node=node)
+        if self.params.method not in self.methods:
+            raise ComponentError(f"{type(self).__name__} supports method {' or '.join(self.methods)}, "
+                                 f"not '{self.params.method}'")
+        if self.params.window_s is not None and self.params.window < 2:
+            raise ComponentError("window must be >= 2")
+        self.context_header = self.params.context_header
+        #: per request of the current batch, the value of ``context_header`` (set by the worker).
+        self.contexts: list[bytes | None] | None = None
+        self._states: dict[str | None, _State] = {}
+        self._reports: list[dict[str, Any]] = []
+        self._cd: Any = None
+        self._file_reference: np.ndarray | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        try:
+            self._cd = importlib.import_module("alibi_detect.cd")
+        except ImportError as exc:
+            raise ComponentError(f"node '{self.node}': drift detectors need alibi-detect "
+                                 f"(pip install 'flowserve[drift]'): {exc}") from None
+        if self.params.reference is not None:
+            self._file_reference = self.transform(load_reference(self.params.reference))
+
+    def close(self) -> None:
+        for ctx, s in self._states.items():
+            log.info("drift %s context %s: %d windows, %d with drift", self.node, ctx, s.windows, s.drifts)
+
+    # -- what subclasses define ------------------------------------------------------------------
+
+    def rows(self, batch: Batch) -> np.ndarray:
+        raise NotImplementedError
+
+    def transform(self, data: np.ndarray) -> np.ndarray:
+        """Reference data in the detector's feature space (subclasses map logits to classes etc.)."""
+        return np.asarray(data)
+
+    # -- processing ------------------------------------------------------------------------------
+
+    def process(self, batch: Batch) -> dict[str, np.ndarray]:
+        data = self.rows(batch)
+        now = int(time.time() * 1000)
+        contexts = self.contexts
+        if self.context_header is None or contexts is None or len(contexts) != len(batch.sizes):
+            self._add(None, data, now)
+        else:
+            starts = batch.starts()
+            by_ctx: dict[str | None, list[np.ndarray]] = {}
+            for i, raw in enumerate(contexts):
+                ctx = raw.decode("utf-8", "replace") if raw is not None else None
+                by_ctx.setdefault(ctx, []).append(data[starts[i]: starts[i] + batch.sizes[i]])
+            for ctx, parts in by_ctx.items():
+                self._add(ctx, np.concatenate(parts), now)
+        self.contexts = None
+        return {}
+
+    def _add(self, ctx: str | None, rows: np.ndarray, now: int) -> None:
+        s = self._states.get(ctx)
+        if s is None:
+            s = self._states[ctx] = _State(window_start_ms=now)
+        if s.detector is None:
+            if self._file_reference is not None:
+                s.detector = self._build(self._file_reference)
+            else:  # collect the reference from the first rows seen
+                need = self.params.reference_size - s.reference_rows
+                s.reference.append(rows[:need])
+                s.reference_rows += len(rows[:need])
+                rows = rows[need:]
+                if s.reference_rows < self.params.reference_size:
+                    return
+                s.detector = self._build(np.concatenate(s.reference))
+                s.reference = []
+                s.window_start_ms = now
+        while len(rows):
+            if self.params.window_s is None:
+                take = self.params.window - s.window_rows
+                s.window.append(rows[:take])
+                s.window_rows += len(rows[:take])
+                rows = rows[take:]
+                if s.window_rows >= self.params.window:
+                    self._close(ctx, s, now)
+            else:
+                if s.window_rows >= 2 and now - s.window_start_ms >= self.params.window_s * 1000:
+                    self._close(ctx, s, now)  # the arrival after the window's end closes it
+                s.window.append(rows)
+                s.window_rows += len(rows)
+                rows = rows[:0]
+
+    def _build(self, reference: np.ndarray) -> Any:
+        if self._cd is None:
+            raise ComponentError(f"node '{self.node}': {type(self).__name__}.process called before setup()")
+        p = self.params
+        if p.method == "ks":
+            return self._cd.KSDrift(_2d(reference).astype(np.float32), p_val=p.p_val, correction=p.correction)
+        if p.method == "mmd":
+            import torch
+
+            torch.manual_seed(p.seed)
+            return self._cd.MMDDrift(_2d(reference).astype(np.float32), backend="pytorch", p_val=p.p_val,
+                                     n_permutations=p.n_permutations, device="cpu")
+        ref = _2d(reference).astype(np.int64)
+        k = p.categories or getattr(self, "classes", None) or int(ref.max()) + 1
+        return self._cd.ChiSquareDrift(ref, p_val=p.p_val, correction=p.correction,
+                                       categories_per_feature={i: k for i in range(ref.shape[1])})
+
+    def _close(self, ctx: str | None, s: _State, now: int) -> None:
+        window = np.concatenate(s.window)
+        p = self.params
+        if p.method == "mmd":
+            import torch
+
+            torch.manual_seed(p.seed + s.windows)
+            window = _2d(window).astype(np.float32)
+        elif p.method == "chi2":
+            window = _2d(window).astype(np.int64)
+        else:
+            window = _2d(window).astype(np.float32)
+        result = s.detector.predict(window)["data"]
+        pvals = np.atleast_1d(np.asarray(result["p_val"], dtype=np.float64))
+        distance = np.atleast_1d(np.asarray(result["distance"], dtype=np.float64))
+        threshold = float(np.asarray(result["threshold"]).reshape(-1)[0])
+        is_drift = bool(result["is_drift"])
+        s.windows += 1
+        s.drifts += int(is_drift)
+        self._reports.append({
+            "key": f"{self.node}/{ctx if ctx is not None else '-'}", "detector": self.node,
+            "component": type(self).__name__, "method": p.method, "context": ctx,
+            "window": s.windows, "rows": int(len(window)), "is_drift": is_drift,
+            "p_val": float(np.nanmin(pvals)) if pvals.size else None, "threshold": threshold,
+            "distance": float(np.nanmax(distance)) if distance.size else None,
+            "features_drifted": int((pvals < threshold).sum()) if pvals.size > 1 else int(is_drift),
+            "window_start_ms": s.window_start_ms, "window_end_ms": now,
+            "windows_total": s.windows, "drift_windows_total": s.drifts,
+        })
+        s.window, s.window_rows, s.window_start_ms = [], 0, now
+
+    def drain_reports(self) -> list[dict[str, Any]]:
+        """The results of windows closed since the last call (the worker writes them to the drift topic)."""
+        out, self._reports = self._reports, []
+        return out
+
+    def state(self) -> dict[str | None, dict[str, int]]:
+        """Per context: windows closed and windows with drift (the detector's metrics)."""
+        return {ctx: {"windows": s.windows, "drift_windows": s.drifts, "reference_rows": s.reference_rows}
+                for ctx, s in self._states.items()}
+
+
+def _2d(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    return a.reshape(len(a), -1)
+
+
+def load_reference(ref: str) -> np.ndarray:
+    """Reference data from a ``.npy`` file (no pickle) or a ``module:function`` returning an array."""
+    if ref.endswith(".npy"):
+        try:
+            return np.load(Path(ref).expanduser(), allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise ComponentError(f"cannot load drift reference '{ref}': {exc}") from None
+    module_name, sep, attr = ref.partition(":")
+    if not sep:
+        raise ComponentError(f"drift reference '{ref}' must be a .npy file or 'module:function'")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ComponentError(f"cannot load drift reference '{ref}': {exc}") from None
+    return np.asarray(fn())
+
+
+class FeatureDrift(_Detector):
+    """Drift of continuous features (e.g. a model's input): ``ks`` per feature, or ``mmd`` (pytorch)."""
+
+    inputs: ClassVar[dict[str, Port]] = {"x": Port("FP32", [-1, -1])}
+    outputs: ClassVar[dict[str, Port]] = {}
+    methods = ("ks", "mmd")
+
+    def rows(self, batch: Batch) -> np.ndarray:
+        return _2d(batch["x"])
+
+
+class CategoricalDrift(_Detector):
+    """Drift of a categorical value (e.g. predicted labels), chi-squared."""
+
+    inputs: ClassVar[dict[str, Port]] = {"x": Port("INT64", [-1])}
+    outputs: ClassVar[dict[str, Port]] = {}
+    Params: ClassVar[type[BaseModel]] = CategoricalParams
+    methods = ("chi2",)
+
+    def rows(self, batch: Batch) -> np.ndarray:
+        return batch["x"].reshape(-1, 1)
+
+
+class OutputDrift(_Detector):
+    """Drift of a model's output distribution from its logits: chi2 on the predicted class, or ks on probs."""
+
+    inputs: ClassVar[dict[str, Port]] = {"logits": Port("FP32", [-1, -1])}
+    outputs: ClassVar[dict[str, Port]] = {}
+    Params: ClassVar[type[BaseModel]] = CategoricalParams
+    methods = ("chi2", "ks")
+
+    def rows(self, batch: Batch) -> np.ndarray:
+        return self.transform(batch["logits"])
+
+    def transform(self, data: np.ndarray) -> np.ndarray:
+        logits = _2d(data).astype(np.float64)
+        self.classes = logits.shape[1]
+        if self.params.method == "chi2":
+            return logits.argmax(axis=1).reshape(-1, 1)
+        z = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return (z / z.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def digits_reference(n: int = 1000) -> np.ndarray:
+    """Normalised training pixels of the digits split (the model input's reference distribution)."""
+    from components.digits import PIXEL_MAX, load_split
+
+    x, _ = load_split("train")
+    return (x[:n] / np.float32(PIXEL_MAX)).astype(np.float32)

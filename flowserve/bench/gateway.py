@@ -1,0 +1,155 @@
+"""The V2 HTTP gateway vs the async Kafka path, closed loop, on the digits topology.
+
+Layout (all on this machine, each in its own process): the broker; the digits workers
+(:class:`~flowserve.runtime.host.ProcessHost`, one process per node); the gateway
+(``flowserve gateway``, its own process); this process as the load generator. For each concurrency
+level, ``C`` lanes each send a request and wait for its answer, for ``seconds``: first over HTTP through
+the gateway, then straight to Kafka with :class:`~flowserve.client.TopologyClient` (the async path).
+Throughput and latency p50/p99 per level, and the ratio gateway/async.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flowserve.bench.common import console
+from flowserve.client import TopologyClient, new_request_id
+from flowserve.client.http import AsyncHttpClient, build_request
+from flowserve.runtime.host import ProcessHost, create_topology_topics
+from flowserve.runtime.settings import KafkaSettings
+from flowserve.runtime.traffic import load_sampler, wait_ready
+from flowserve.topology import load_topology
+
+LEVELS = (1, 8, 32, 128)
+TOPOLOGY = Path(__file__).resolve().parents[2] / "topologies" / "digits.yaml"
+
+
+def _stats(latencies: list[float], seconds: float, errors: int) -> dict[str, float]:
+    arr = np.asarray(latencies) if latencies else np.asarray([float("nan")])
+    return {"rps": round(len(latencies) / seconds, 1), "p50_ms": round(float(np.percentile(arr, 50)), 2),
+            "p99_ms": round(float(np.percentile(arr, 99)), 2), "n": len(latencies), "errors": errors}
+
+
+async def _closed_loop(call: Any, concurrency: int, seconds: float, n_inputs: int) -> dict[str, float]:
+    latencies: list[float] = []
+    errors = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def lane(k: int) -> None:
+        nonlocal errors
+        i = k
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            ok = await call(i % n_inputs)
+            if ok:
+                latencies.append((time.perf_counter() - t0) * 1000)
+            else:
+                errors += 1
+            i += concurrency
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(lane(k) for k in range(concurrency)))
+    return _stats(latencies, time.perf_counter() - t0, errors)
+
+
+def _start_gateway(kafka: KafkaSettings) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "flowserve", "gateway", str(TOPOLOGY), "--broker",
+                             kafka.bootstrap, "--port", "0"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    if not url.startswith("http://"):
+        proc.kill()
+        raise RuntimeError(f"the gateway did not start (printed {url!r})")
+    return proc, url
+
+
+async def _wait_http_ready(client: AsyncHttpClient, body: bytes, timeout_s: float = 120.0) -> None:
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        ready = await client.get("/v2/health/ready")
+        if ready.status == 200:
+            reply = await client.request("POST", "/v2/models/digits/infer", body)
+            if reply.status == 200:
+                return
+        await asyncio.sleep(0.2)
+    raise RuntimeError("the gateway did not become ready")
+
+
+async def gateway_bench(kafka: KafkaSettings, seconds: float = 5.0,
+                        levels: tuple[int, ...] = LEVELS) -> dict[str, Any]:
+    topology = load_topology(TOPOLOGY)
+    for node in topology.nodes.values():
+        node.component.prepare()
+    inputs, _ = load_sampler(topology)(256)
+    bodies = [build_request(x)[0] for x in inputs]
+    await create_topology_topics(topology, kafka)
+    host = ProcessHost(TOPOLOGY, topology, kafka)
+    host.start_processes()
+    gateway, url = _start_gateway(kafka)
+    results: dict[str, dict[str, dict[str, float]]] = {"gateway": {}, "async": {}}
+    try:
+        async with AsyncHttpClient(url) as http, TopologyClient(topology, kafka) as client:
+            console.print(f"gateway at {url}; waiting for the digits workers…")
+            await _wait_http_ready(http, bodies[0])
+            await wait_ready(client, inputs[0])
+
+            async def via_http(i: int) -> bool:
+                reply = await http.request("POST", "/v2/models/digits/infer", bodies[i],
+                                           {"Content-Type": "application/json"})
+                return reply.status == 200
+
+            # TopologyClient.call flushes its shared outbox per call, which is not safe with concurrent
+            # callers; the async path here queues per request and flushes once per event-loop tick, as the
+            # gateway does, so both sides batch alike.
+            wake = asyncio.Event()
+
+            async def flusher() -> None:
+                while True:
+                    await wake.wait()
+                    wake.clear()
+                    await client.flush()
+
+            flush_task = asyncio.create_task(flusher())
+
+            async def via_kafka(i: int) -> bool:
+                rid = new_request_id()
+                fut = client.expect(rid)
+                await client.queue(inputs[i], request_id=rid)
+                wake.set()
+                try:
+                    reply = await asyncio.wait_for(fut, topology.spec.deadline_ms / 1000)
+                except TimeoutError:
+                    return False
+                return reply.error is None
+
+            for level in levels:
+                for name, call in (("gateway", via_http), ("async", via_kafka)):
+                    await _closed_loop(call, level, min(1.0, seconds / 4), len(bodies))  # warm-up
+                    stats = await _closed_loop(call, level, seconds, len(bodies))
+                    results[name][str(level)] = stats
+                    console.print(f"  {name:<8} c={level:<4} {stats['rps']:>8.0f} req/s  p50 {stats['p50_ms']:6.1f} ms"
+                                  f"  p99 {stats['p99_ms']:6.1f} ms  errors {stats['errors']}")
+            flush_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flush_task
+    finally:
+        gateway.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            gateway.wait(10)
+        if gateway.poll() is None:
+            gateway.kill()
+        host.stop()
+    ratio = {lvl: round(results["gateway"][lvl]["rps"] / max(results["async"][lvl]["rps"], 1e-9), 3)
+             for lvl in results["gateway"]}
+    for lvl, r in ratio.items():
+        console.print(f"  c={lvl:<4} gateway/async throughput = {r:.2f}")
+    return {"workload": "gateway", "topology": "digits", "workers": "processes", "seconds_per_level": seconds,
+            "gateway": results["gateway"], "async": results["async"], "gateway_over_async": ratio}

@@ -1,0 +1,87 @@
+"""``flowserve lineage``: the whole path of one request, from its lineage records and its topics.
+
+Each stage that runs with lineage on writes, per sampled request, one compact JSON record to
+``<prefix>.<topology>.lineage`` (key = request id), in the same Outbox batch as its outputs, so it is
+acknowledged before the stage commits. A record names the input records read (topic, partition,
+offset), the topics written, the component (``describe()``), a hash of its parameters, the model
+weights hash when there is one, the batch it ran in (id, size, its index there), timings, and the
+trace and span ids of its OpenTelemetry span::
+
+    flowserve lineage r1 --topology digits --broker localhost:9092
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowserve.capture.inspect import resolve_base, summarize, tensor_json
+from flowserve.capture.reader import Decoded, Reader
+from flowserve.errors import FlowserveError
+from flowserve.runtime.settings import KafkaSettings
+
+
+@dataclass
+class Step:
+    """One node's work on the request: its lineage record and the input records read back from Kafka."""
+
+    record: dict[str, Any]
+    inputs: list[Decoded | None] = field(default_factory=list)
+
+    @property
+    def node(self) -> str:
+        return str(self.record.get("node"))
+
+
+async def lineage(kafka: KafkaSettings, request_id: str, topology: str, *, prefix: str = "fs",
+                  with_tensors: bool = True, timeout_s: float = 30.0) -> list[Step]:
+    """The lineage steps of ``request_id`` in order of processing (redeliveries appear once per run)."""
+    base = resolve_base(topology, prefix)
+    async with Reader(kafka, timeout_s=timeout_s) as reader:
+        records = await reader.read([f"{base}.lineage"], key=request_id)
+        steps = [Step(r.body) for r in records if isinstance(r.body, dict) and r.body.get("node")]
+        steps.sort(key=lambda s: (s.record.get("timing", {}).get("start_ms", 0), s.node))
+        if with_tensors:
+            wanted = [(str(t), int(p), int(o)) for s in steps for t, p, o in s.record.get("inputs", [])]
+            found = await reader.read_at(wanted)
+            for s in steps:
+                s.inputs = [found.get((str(t), int(p), int(o))) for t, p, o in s.record.get("inputs", [])]
+    return steps
+
+
+def run_lineage(kafka: KafkaSettings, request_id: str, topology: str, *, fmt: str, prefix: str = "fs") -> int:
+    steps = asyncio.run(lineage(kafka, request_id, topology, prefix=prefix))
+    if not steps:
+        raise FlowserveError(f"no lineage for request '{request_id}' in {resolve_base(topology, prefix)}.lineage; "
+                             "is 'capture: {lineage: true}' set and was the request sampled?")
+    if fmt == "json":
+        for s in steps:
+            inputs = [None if d is None else {"topic": d.topic, "partition": d.partition, "offset": d.offset,
+                                              "tensors": {n: tensor_json(a) for n, a in d.tensors.items()},
+                                              "error": d.error}
+                      for d in s.inputs]
+            print(json.dumps({**s.record, "input_records": inputs}, separators=(",", ":")))
+        return 0
+    traces = {str(s.record["trace_id"]) for s in steps if s.record.get("trace_id")}
+    print(f"request {request_id}: {len(steps)} step(s); trace {', '.join(sorted(traces)) or 'none'}")
+    for s in steps:
+        r = s.record
+        batch, timing = r.get("batch", {}), r.get("timing", {})
+        print(f"● {r['node']}  {r.get('component')}")
+        weights = f"  weights {r['weights_hash'][:16]}" if r.get("weights_hash") else ""
+        print(f"    params {r.get('params_hash')}{weights}  batch {batch.get('id')} "
+              f"(#{batch.get('index')} of {batch.get('size')})  start {timing.get('start_ms')}  "
+              f"batch {timing.get('batch_ms')} ms  span {r.get('span_id') or '-'}")
+        for (topic, partition, offset), d in zip(r.get("inputs", []), s.inputs or [None] * len(r["inputs"]),
+                                                 strict=False):
+            print(f"    in  {topic} p{partition}@{offset}")
+            if d is not None:
+                for name, array in d.tensors.items():
+                    print(f"        {summarize(name, array)}")
+        for topic, partition, port in r.get("outputs", []):
+            print(f"    out {topic} p{partition} ({port})")
+        if r.get("error"):
+            print(f"    error: {r['error']}")
+    return 0

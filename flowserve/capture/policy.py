@@ -1,0 +1,140 @@
+"""Capture policy: which requests are sampled, which ports get capture topics, topic names and configs.
+
+Sampling is deterministic: a request id hashes to a point in [0, 1) and the request is captured where
+that point is below the node's rate. Every node computes the same point, so a request sampled at 10%
+is captured at every node whose rate is 10% or more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Set
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from flowserve.capture.spec import CaptureSpec
+from flowserve.errors import TopologyError
+
+if TYPE_CHECKING:
+    from flowserve.topology.graph import Topology
+    from flowserve.topology.spec import TopologySpec
+
+_SCALE = float(1 << 64)
+
+
+def sample_point(request_id: str) -> float:
+    """Where a request id falls in [0, 1): the same value in every process, on every node."""
+    digest = hashlib.blake2b(request_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / _SCALE
+
+
+@dataclass(frozen=True, slots=True)
+class NodePolicy:
+    """The capture settings in force at one node."""
+
+    enabled: bool = False
+    sample: float = 0.0
+    lineage: bool = False
+    tracing: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and self.sample > 0.0
+
+    def sampled(self, request_id: str) -> bool:
+        if not self.active:
+            return False
+        return self.sample >= 1.0 or sample_point(request_id) < self.sample
+
+
+OFF = NodePolicy()
+
+
+def node_policy(spec: TopologySpec, node_id: str) -> NodePolicy:
+    cap = spec.capture
+    if cap is None or not cap.enabled:
+        return OFF
+    override = cap.nodes.get(node_id)
+    if override is not None and not override.enabled:
+        return OFF
+
+    def pick(name: str) -> Any:
+        value = getattr(override, name) if override is not None else None
+        return getattr(cap, name) if value is None else value
+
+    return NodePolicy(enabled=True, sample=pick("sample"), lineage=pick("lineage"), tracing=pick("tracing"))
+
+
+def captured_ports(spec: TopologySpec, outputs: Mapping[str, Iterable[str]],
+                   consumed: Set[tuple[str, str]] | Set[tuple[str | None, str]],
+                   source: str) -> dict[str, dict[str, str]]:
+    """Per node, the captured ports that nobody reads and so need a topic of their own: port -> topic.
+
+    ``outputs`` maps each node to its output port names; ``consumed`` holds the (node, port) pairs
+    that already have a topic because some node reads them. Raises :class:`TopologyError` for a
+    pattern or override that names an unknown node or port.
+    """
+    cap: CaptureSpec | None = spec.capture
+    if cap is None or not cap.enabled:
+        return {}
+    for node_id in cap.nodes:
+        if node_id not in outputs:
+            raise TopologyError(f"capture.nodes names unknown node '{node_id}' (nodes: {', '.join(outputs)})",
+                                source=source, node=node_id)
+    wanted: set[tuple[str, str]] = set()
+    for pattern in cap.ports:
+        if pattern == "*":
+            wanted.update((n, p) for n, ports in outputs.items() for p in ports)
+            continue
+        node_id, dot, port = pattern.partition(".")
+        if not dot or node_id not in outputs:
+            raise TopologyError(f"capture.ports: '{pattern}' must be 'node.port', 'node.*' or '*' with a "
+                                f"known node (nodes: {', '.join(outputs)})", source=source, node=node_id or None)
+        ports = list(outputs[node_id])
+        if port == "*":
+            wanted.update((node_id, p) for p in ports)
+        elif port in ports:
+            wanted.add((node_id, port))
+        else:
+            raise TopologyError(f"capture.ports: node '{node_id}' has no output port '{port}' "
+                                f"(its outputs: {', '.join(ports) or 'none'})", source=source, node=node_id)
+    out: dict[str, dict[str, str]] = {}
+    for node_id, port in sorted(wanted):
+        if (node_id, port) in consumed or not node_policy(spec, node_id).enabled:
+            continue
+        out.setdefault(node_id, {})[port] = f"{spec.prefix}.{spec.name}.{node_id}.{port}"
+    return out
+
+
+def lineage_topic(topology: Topology) -> str:
+    return f"{topology.base}.lineage"
+
+
+def side_topic(topology: Topology, name: str) -> str:
+    """The topic a component's side reports go to (``Component.side_output``), e.g. ``<base>.drift``."""
+    return f"{topology.base}.{name}"
+
+
+def lineage_on(topology: Topology) -> bool:
+    return any(node_policy(topology.spec, n).lineage and node_policy(topology.spec, n).active
+               for n in topology.nodes)
+
+
+def side_topics(topology: Topology) -> list[str]:
+    """Topics capture adds to a topology: the lineage topic when lineage is on, and side-report topics."""
+    topics = [lineage_topic(topology)] if lineage_on(topology) else []
+    for node in topology.nodes.values():
+        name = getattr(node.component, "side_output", None)
+        if name:
+            topics.append(side_topic(topology, name))
+    return list(dict.fromkeys(topics))
+
+
+def topic_configs(topology: Topology) -> dict[str, dict[str, str]]:
+    """Per-topic configs for topic creation: ``retention.ms`` of every topic capture reads, when set."""
+    cap = topology.spec.capture
+    if cap is None or not cap.enabled or cap.retention_ms is None:
+        return {}
+    retention = {"retention.ms": str(cap.retention_ms)}
+    skip = {topology.inputs_topic, topology.outputs_topic, topology.deadletter_topic}
+    return {t: dict(retention) for t in topology.topics() if t not in skip}

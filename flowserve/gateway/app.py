@@ -1,0 +1,264 @@
+"""The V2 gateway: routes, authentication, admission, deadlines, and the mapping of errors to statuses.
+
+Domain errors (:mod:`flowserve.errors`) and error results from the pipeline become HTTP statuses here and
+nowhere else. Every error body is ``{"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from flowserve.errors import WireError
+from flowserve.gateway.bridge import DeadlineExceeded, KafkaBridge, Outcome, ProduceFailed
+from flowserve.gateway.codec import HEADER_LENGTH, InferRequest, check_inputs, encode_response, parse_infer
+from flowserve.gateway.health import ReadinessProbe
+from flowserve.gateway.server import HttpServer, Request, Response, error_response, json_response
+from flowserve.gateway.settings import GatewaySettings
+from flowserve.runtime.settings import KafkaSettings
+from flowserve.topology.graph import Topology
+from flowserve.wire.envelope import H_REPLY_TO, make_headers, now_ms
+from flowserve.wire.tensors import encode_tensors
+
+log = logging.getLogger("flowserve.gateway")
+
+EXTENSIONS = ["binary_tensor_data", "health", "model_repository_metadata"]
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+_OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+
+
+def status_of(reason: str) -> int:
+    """The HTTP status for an error result coming back from the pipeline, judged by its reason.
+
+    Deadlines and closed join windows are timeouts (504); a component that raised is a server error
+    (500); a revisit limit is a topology fault (500); the rest (a record that does not fit its port,
+    an item a component refused) is the caller's input (400); an oversized record is 413.
+    """
+    if "deadline exceeded" in reason or ("join window" in reason and "closed" in reason):
+        return 504
+    if ".process failed:" in reason or "revisited more than" in reason:
+        return 500
+    if "exceeds max_message_bytes" in reason:
+        return 413
+    return 400
+
+
+def new_traceparent() -> str:
+    return f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
+
+
+class Gateway:
+    """Serves the given topologies as V2 models. ``await gateway.start()``, then ``await gateway.stop()``."""
+
+    def __init__(self, topologies: Sequence[Topology], kafka: KafkaSettings,
+                 settings: GatewaySettings | None = None) -> None:
+        self.settings = settings or GatewaySettings()
+        names = [t.name for t in topologies]
+        if len(set(names)) != len(names):
+            raise WireError(f"two topologies share a name: {names}")
+        self.models = {t.name: t for t in topologies}
+        self.kafka = kafka
+        self.bridge = KafkaBridge(list(topologies), kafka, self.settings.instance)
+        self.probe = ReadinessProbe(list(topologies), kafka, self.settings.ready_cache_s)
+        self.server = HttpServer(self.handle, self.settings.host, self.settings.port,
+                                 max_body_bytes=self.settings.max_body_bytes)
+        self._tokens = [t.get_secret_value().encode() for t in self.settings.tokens]
+        self._metadata = {name: self._model_metadata(t) for name, t in self.models.items()}
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.server.port}"
+
+    async def start(self) -> None:
+        await self.bridge.start()
+        await self.server.start()
+        log.info("gateway %s serving %s on %s (auth %s)", self.settings.instance, ", ".join(self.models),
+                 self.url, "on" if self._tokens else "off")
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        await self.bridge.stop(delete_topics=self.settings.delete_reply_topics)
+        await self.probe.close()
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- routing -----------------------------------------------------------------------------------
+
+    def _authorized(self, request: Request) -> bool:
+        if not self._tokens:
+            return True
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            return False
+        raw = given.strip().encode()
+        ok = False
+        for token in self._tokens:  # compare with every token, so timing does not tell which matched
+            ok |= hmac.compare_digest(raw, token)
+        return ok
+
+    async def handle(self, request: Request) -> Response:
+        path = request.path.rstrip("/") or "/"
+        if self._tokens and path not in _OPEN_PATHS and not self._authorized(request):
+            return error_response(401, "missing or invalid bearer token (send 'Authorization: Bearer <token>')",
+                                  {"WWW-Authenticate": 'Bearer realm="flowserve"'})
+        parts = path.split("/")[1:]
+        if not parts or parts[0] != "v2":
+            return error_response(404, f"no route {request.path}; the API lives under /v2")
+        rest = parts[1:]
+        if not rest:
+            return self._only(request, "GET") or json_response(200, {
+                "name": "flowserve", "version": _version(), "extensions": EXTENSIONS})
+        if rest == ["health", "live"]:
+            return self._only(request, "GET") or json_response(200, {"live": True})
+        if rest == ["health", "ready"]:
+            return self._only(request, "GET") or await self._ready(None)
+        if rest == ["gateway", "stats"]:
+            return self._only(request, "GET") or json_response(200, self.stats())
+        if rest[0] != "models" or len(rest) < 2:
+            return error_response(404, f"no route {request.path}")
+        name = rest[1]
+        topology = self.models.get(name)
+        if topology is None:
+            return error_response(404, f"unknown model '{name}' (models: {', '.join(self.models)})")
+        tail = rest[2:]
+        if len(tail) >= 2 and tail[0] == "versions":
+            if tail[1] != topology.version:
+                return error_response(404, f"model '{name}' has no version '{tail[1]}' "
+                                           f"(versions: {topology.version})")
+            tail = tail[2:]
+        if not tail:
+            return self._only(request, "GET") or json_response(200, self._metadata[name])
+        if tail == ["ready"]:
+            return self._only(request, "GET") or await self._ready(name)
+        if tail == ["infer"]:
+            return self._only(request, "POST") or await self._infer(topology, request)
+        return error_response(404, f"no route {request.path}")
+
+    @staticmethod
+    def _only(request: Request, method: str) -> Response | None:
+        if request.method == method:
+            return None
+        return error_response(405, f"{request.method} is not allowed on {request.path}; use {method}",
+                              {"Allow": method})
+
+    def stats(self) -> dict[str, Any]:
+        return {"instance": self.settings.instance, "in_flight": self.bridge.in_flight(),
+                **self.bridge.counters.snapshot()}
+
+    # -- health and metadata -----------------------------------------------------------------------
+
+    async def _ready(self, name: str | None) -> Response:
+        states = await self.probe.check()
+        chosen = [states[name]] if name is not None else list(states.values())
+        bad = [s.reason for s in chosen if not s.ready]
+        if bad:
+            return error_response(503, "not ready: " + "; ".join(bad))
+        return json_response(200, {"ready": True})
+
+    @staticmethod
+    def _model_metadata(t: Topology) -> dict[str, Any]:
+        return {
+            "name": t.name,
+            "versions": [t.version],
+            "platform": "flowserve",
+            "inputs": [{"name": n, "datatype": p.datatype, "shape": list(p.shape)} for n, p in t.inputs.items()],
+            "outputs": [{"name": n, "datatype": p.datatype, "shape": list(p.shape)}
+                        for n, p in t.output_ports().items()],
+        }
+
+    # -- inference ---------------------------------------------------------------------------------
+
+    async def _infer(self, topology: Topology, request: Request) -> Response:
+        header_id = request.headers.get("x-request-id")
+        echo = {"X-Request-Id": header_id} if header_id else {}
+        if self.bridge.in_flight() >= self.settings.max_inflight:
+            return error_response(429, f"the gateway has {self.settings.max_inflight} requests in flight, its "
+                                       "limit; retry later", {"Retry-After": str(self.settings.retry_after_s),
+                                                             **echo})
+        try:
+            parsed = parse_infer(request.body, request.headers.get(HEADER_LENGTH))
+        except WireError as exc:
+            return error_response(400, str(exc), echo)
+        rid = parsed.id or header_id or uuid.uuid4().hex
+        echo = {"X-Request-Id": rid}
+        try:
+            timeout_ms = self._timeout_ms(topology, parsed, request)
+            check_inputs(parsed.tensors, topology.inputs)
+            outputs = topology.outputs
+            unknown = [n for n in parsed.outputs if n not in outputs]
+            if unknown:
+                raise WireError(f"output '{unknown[0]}' is not an output of model '{topology.name}' "
+                                f"(outputs: {', '.join(outputs)})")
+            value = encode_tensors(parsed.tensors)
+        except WireError as exc:
+            return error_response(400, str(exc), echo)
+        if len(value) > topology.spec.max_message_bytes:
+            return error_response(413, f"the request's tensors take {len(value)} bytes, more than model "
+                                       f"'{topology.name}' accepts ({topology.spec.max_message_bytes})", echo)
+        if self.bridge.has(rid):
+            return error_response(409, f"request id '{rid}' is already in flight; ids must be unique", echo)
+        extra = {k: v for k, v in request.headers.items() if k.startswith("x-")}
+        extra[H_REPLY_TO] = self.bridge.reply_topic(topology)
+        traceparent = request.headers.get("traceparent", "")
+        headers = make_headers(rid, topology=topology.name, version=topology.version,
+                               deadline_ms=now_ms() + timeout_ms,
+                               traceparent=traceparent if _TRACEPARENT.match(traceparent) else new_traceparent(),
+                               extra=extra)
+        future = self.bridge.submit(topology, rid, value, headers, timeout_ms / 1000)
+        try:
+            outcome: Outcome = await future
+        except DeadlineExceeded:
+            return error_response(504, f"request '{rid}' to model '{topology.name}' got no reply within its "
+                                       f"deadline of {timeout_ms} ms", echo)
+        except ProduceFailed as exc:
+            return error_response(503, str(exc), echo)
+        if outcome.error is not None:
+            where = f" at node '{outcome.node}'" if outcome.node else ""
+            return error_response(status_of(outcome.error), f"request '{rid}' failed{where}: {outcome.error}", echo)
+        body, header_length = encode_response(topology.name, topology.version, rid, outcome.tensors, parsed)
+        if header_length is None:
+            return Response(200, body, headers=echo)
+        return Response(200, body, "application/octet-stream",
+                        {**echo, "Inference-Header-Content-Length": str(header_length)})
+
+    def _timeout_ms(self, topology: Topology, parsed: InferRequest, request: Request) -> int:
+        raw: Any = parsed.parameters.get("timeout_ms")
+        source = "parameters.timeout_ms"
+        if raw is None and "x-timeout-ms" in request.headers:
+            raw, source = request.headers["x-timeout-ms"], "X-Timeout-Ms"
+            try:
+                raw = int(raw)
+            except ValueError:
+                raise WireError(f"{source} must be an integer number of milliseconds, got {raw!r}") from None
+        if raw is None:
+            return topology.spec.deadline_ms
+        if isinstance(raw, bool) or not isinstance(raw, int) or not 0 < raw <= self.settings.max_timeout_ms:
+            raise WireError(f"{source} must be an integer between 1 and {self.settings.max_timeout_ms}, got {raw!r}")
+        return raw
+
+
+def _version() -> str:
+    from flowserve import __version__
+
+    return __version__
+
+
+async def serve(topologies: Sequence[Topology], kafka: KafkaSettings, settings: GatewaySettings,
+                stop: asyncio.Event) -> None:
+    """Run a gateway until ``stop`` is set."""
+    async with Gateway(topologies, kafka, settings):
+        await stop.wait()

@@ -1,0 +1,59 @@
+"""``flowserve gateway`` and ``flowserve run --gateway-port``: serve topologies over HTTP until a signal."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+
+from flowserve.gateway.settings import GatewaySettings
+from flowserve.runtime.settings import KafkaSettings
+
+console = Console(stderr=True)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topology", nargs="+", help="topology files; each is served as a model named after it")
+    p.add_argument("--broker", required=True, help="bootstrap host:port of the Kafka the topologies run on")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8080; 0 picks a free one)")
+    p.add_argument("--token-file", help="bearer tokens, one per line; without it (and FLOWSERVE_GATEWAY_TOKENS) "
+                                        "there is no authentication")
+    p.add_argument("--max-inflight", type=int, help="requests in flight before 429 (default 4096)")
+    p.add_argument("-v", "--verbose", action="store_true")
+
+
+def serve_blocking(topologies: Sequence[Any], kafka: KafkaSettings, settings: GatewaySettings) -> int:
+    """Run a gateway in this thread until SIGINT/SIGTERM."""
+    from flowserve.gateway.app import Gateway
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with Gateway(topologies, kafka, settings) as gateway:
+            names = ", ".join(t.name for t in topologies)
+            console.print(f"[green]gateway[/] serving {names} at [bold]{gateway.url}/v2[/] "
+                          f"(auth {'on' if settings.tokens else 'off'}); Ctrl-C to stop")
+            print(gateway.url, flush=True)
+            await stop.wait()
+
+    asyncio.run(main())
+    return 0
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from flowserve.topology import load_topology
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    topologies = [load_topology(p) for p in args.topology]
+    settings = GatewaySettings.from_env(args.token_file, host=args.host, port=args.port,
+                                        max_inflight=args.max_inflight)
+    return serve_blocking(topologies, KafkaSettings.from_env(args.broker), settings)

@@ -1,0 +1,133 @@
+"""Readiness: the broker answers and every stage of a topology has a live consumer-group member.
+
+Uses Kafka's DescribeGroups API. aiokafka 0.14 pairs the v3 request with the v2 response schema (it
+misses ``authorized_operations``) and fails to decode the answer, so this module sends its own request
+type with the right response schema (v0..v3, the broker picks). Both the embedded broker (Tansu) and
+Apache Kafka 4 answer it. Where a broker does not support DescribeGroups, readiness falls back to
+"the broker answers a metadata request" and says so in the reason (``groups_checked`` is False).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import IncompatibleBrokerVersion
+from aiokafka.protocol.admin import (
+    DescribeGroupsRequest_v0,
+    DescribeGroupsRequest_v1,
+    DescribeGroupsRequest_v2,
+    DescribeGroupsRequest_v3,
+    DescribeGroupsResponse_v3,
+)
+from aiokafka.protocol.api import Request, RequestStruct
+
+from flowserve.runtime.settings import KafkaSettings
+from flowserve.topology.graph import Topology
+
+log = logging.getLogger("flowserve.gateway")
+
+
+class _DescribeGroupsRequestV3(RequestStruct):
+    API_KEY = 15
+    API_VERSION = 3
+    RESPONSE_TYPE = DescribeGroupsResponse_v3
+    SCHEMA = DescribeGroupsRequest_v3.SCHEMA
+
+
+class _DescribeGroups(
+    Request[DescribeGroupsRequest_v0 | DescribeGroupsRequest_v1 | DescribeGroupsRequest_v2 | _DescribeGroupsRequestV3]
+):
+    API_KEY = 15
+
+    def __init__(self, groups: list[str]) -> None:
+        self.groups = groups
+
+    def build(self, request_struct_class: type[Any]) -> Any:
+        if request_struct_class.API_VERSION < 3:
+            return request_struct_class(self.groups)
+        return request_struct_class(self.groups, False)
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    ready: bool
+    reason: str
+    groups_checked: bool = True
+
+
+class ReadinessProbe:
+    """Answers "is topology T ready?", caching each answer for ``cache_s`` seconds."""
+
+    def __init__(self, topologies: Sequence[Topology], kafka: KafkaSettings, cache_s: float = 1.0) -> None:
+        self.topologies = {t.name: t for t in topologies}
+        self.kafka = kafka
+        self.cache_s = cache_s
+        self._admin: AIOKafkaAdminClient | None = None
+        self._cache: tuple[float, dict[str, Readiness]] | None = None
+        self._lock = asyncio.Lock()
+        self._supported = True
+
+    async def close(self) -> None:
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                await self._admin.close()
+            self._admin = None
+
+    async def check(self) -> dict[str, Readiness]:
+        """Readiness of every served topology (cached)."""
+        async with self._lock:
+            now = time.monotonic()
+            if self._cache is not None and now - self._cache[0] < self.cache_s:
+                return self._cache[1]
+            try:
+                result = await asyncio.wait_for(self._probe(), 5.0)
+            except Exception as exc:  # noqa: BLE001 - any failure means "not ready", with the reason
+                await self.close()
+                reason = f"Kafka at {self.kafka.bootstrap} does not answer: {exc!r}"
+                result = {name: Readiness(False, reason) for name in self.topologies}
+            self._cache = (time.monotonic(), result)
+            return result
+
+    async def _probe(self) -> dict[str, Readiness]:
+        if self._admin is None:
+            admin = AIOKafkaAdminClient(**self.kafka.client_kwargs())
+            await admin.start()
+            self._admin = admin
+        admin = self._admin
+        if not self._supported:
+            await admin._client.force_metadata_update()
+            return {name: Readiness(True, "broker answers (consumer groups not checked)", False)
+                    for name in self.topologies}
+        groups = {t.group_id(n): (t.name, n) for t in self.topologies.values() for n in t.nodes}
+        members: dict[str, int] = {}
+        by_node: dict[int, list[str]] = {}
+        for group in groups:
+            by_node.setdefault(await admin.find_coordinator(group), []).append(group)
+        try:
+            for node_id, ids in by_node.items():
+                response = await admin._client.send(node_id, _DescribeGroups(ids))
+                for g in response.groups:
+                    error_code, group_id, state, members_list = g[0], g[1], g[2], g[5]
+                    # Members of a group that is still rebalancing do not consume yet: only Stable counts.
+                    members[group_id] = len(members_list) if not error_code and state == "Stable" else 0
+        except IncompatibleBrokerVersion:
+            log.warning("broker does not support DescribeGroups: readiness only checks that it answers")
+            self._supported = False
+            return await self._probe()
+        out: dict[str, Readiness] = {}
+        for name, t in self.topologies.items():
+            missing = [n for n in t.nodes if not members.get(t.group_id(n))]
+            if missing:
+                out[name] = Readiness(False, f"model '{name}': stage(s) {', '.join(missing)} have no live worker "
+                                             f"(consumer group {t.group_id(missing[0])} has no member or is "
+                                             "rebalancing)")
+            else:
+                out[name] = Readiness(True, "every stage has a live worker")
+        return out

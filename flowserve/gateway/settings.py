@@ -1,0 +1,63 @@
+"""Gateway settings, read from ``FLOWSERVE_GATEWAY_*`` variables (flags override them)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from flowserve.errors import FlowserveError
+
+
+class GatewaySettings(BaseModel):
+    """How the V2 HTTP gateway listens, admits and authenticates. Tokens are never logged."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
+    port: int = Field(8080, ge=0, le=65535, description="0 picks a free port")
+    instance: str = Field(default_factory=lambda: uuid.uuid4().hex[:12], pattern=r"^[A-Za-z0-9_-]+$",
+                          description="names this gateway's reply topics; unique per running gateway")
+    max_inflight: int = Field(4096, ge=1, description="requests waiting for replies; beyond: 429")
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="larger request bodies: 413")
+    retry_after_s: int = Field(1, ge=0, description="Retry-After sent with 429")
+    ready_cache_s: float = Field(1.0, ge=0, description="how long a readiness answer is reused")
+    max_timeout_ms: int = Field(600_000, gt=0, description="largest per-request timeout a caller may ask for")
+    tokens: tuple[SecretStr, ...] = Field((), description="bearer tokens; none = no authentication")
+    delete_reply_topics: bool = Field(True, description="delete this gateway's reply topics on clean shutdown")
+
+    @classmethod
+    def from_env(cls, token_file: str | None = None, **overrides: Any) -> GatewaySettings:
+        """Settings from ``FLOWSERVE_GATEWAY_*``; tokens from ``FLOWSERVE_GATEWAY_TOKENS`` (comma-separated)
+        and/or a file with one token per line (``#`` comments)."""
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = os.environ.get(f"FLOWSERVE_GATEWAY_{name.upper()}")
+            if raw and name != "tokens":
+                values[name] = raw
+        tokens = [t.strip() for t in os.environ.get("FLOWSERVE_GATEWAY_TOKENS", "").split(",") if t.strip()]
+        token_file = token_file or os.environ.get("FLOWSERVE_GATEWAY_TOKEN_FILE")
+        if token_file:
+            tokens.extend(read_token_file(token_file))
+        if tokens:
+            values["tokens"] = tuple(SecretStr(t) for t in tokens)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def __repr__(self) -> str:  # never print tokens
+        return (f"GatewaySettings(host={self.host!r}, port={self.port}, instance={self.instance!r}, "
+                f"auth={'on' if self.tokens else 'off'})")
+
+
+def read_token_file(path: str | Path) -> list[str]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise FlowserveError(f"cannot read token file {path}: {exc.strerror}") from None
+    tokens = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not tokens:
+        raise FlowserveError(f"token file {path} holds no token (one per line)")
+    return tokens

@@ -1,0 +1,60 @@
+"""The ``flowserve profile`` and ``flowserve stats`` commands (registered in flowserve.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+out = Console()
+err = Console(stderr=True)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from flowserve.tuning.profile import profile_topology
+
+    with err.status("profiling (calling process directly at batch sizes 1, 2, 4, ...)…"):
+        path, results = profile_topology(args.topology, args.node, max_batch=args.max_batch,
+                                         repeats=args.repeats, out=args.out)
+    table = Table(title=f"execution time per batch size → {path}")
+    for col in ("node", "batch", "p50 ms", "p99 ms", "p99 ms / request", "runs"):
+        table.add_column(col, justify="left" if col == "node" else "right")
+    for node, timings in results.items():
+        for t in timings:
+            table.add_row(node, str(t.size), f"{t.p50_s * 1000:.3f}", f"{t.p99_s * 1000:.3f}",
+                          f"{t.p99_s * 1000 / t.size:.3f}", str(t.runs))
+    out.print(table)
+    print(json.dumps({"profile": str(path), "nodes": {n: {str(t.size): round(t.p99_s * 1000, 4) for t in ts}
+                                                      for n, ts in results.items()}}))
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from flowserve.runtime.metrics import read_snapshots, snapshot_rows
+    from flowserve.runtime.settings import KafkaSettings
+    from flowserve.topology import load_topology
+
+    topology = load_topology(args.topology)
+    snaps = asyncio.run(read_snapshots(topology, KafkaSettings.from_env(args.broker)))
+    if args.json:
+        print(json.dumps(snaps))
+        return 0
+    if not snaps:
+        err.print(f"no metrics snapshots in {topology.metrics_topic} yet (workers publish every 2 s)")
+        return 1
+    rows = snapshot_rows(snaps)
+    table = Table(title=f"{topology.name}: latest snapshot per worker ({topology.metrics_topic})")
+    cols = [("node", "node"), ("worker", "worker"), ("policy", "policy"), ("age s", "age_s"),
+            ("batches", "batches"), ("batch mean", "batch_mean"), ("batch p99", "batch_p99"),
+            ("exec p50 ms", "exec_p50_ms"), ("exec p99 ms", "exec_p99_ms"), ("wait p50 ms", "wait_p50_ms"),
+            ("wait p99 ms", "wait_p99_ms"), ("lag", "lag"), ("ok", "requests_ok"), ("refused", "refused"),
+            ("expired", "expired"), ("late", "late"), ("dead letters", "dead_lettered")]
+    for title, _ in cols:
+        table.add_column(title, justify="left" if title in ("node", "worker", "policy") else "right")
+    for row in rows:
+        table.add_row(*(str(row[key]) for _, key in cols))
+    out.print(table)
+    return 0
