@@ -41,15 +41,17 @@ class Outbox:
 
     async def send(self) -> tuple[int, list[asyncio.Future]]:
         """Hand every queued batch to the producer; returns the record count and delivery futures."""
+        # Take everything queued so far before the first await: other coroutines may keep adding
+        # records meanwhile, and those go out with the next send.
+        full, self._full = self._full, []
+        builders, self._builders = self._builders, {}
+        sent, self.count = self.count, 0
         futures: list[asyncio.Future] = []
-        for topic, partition, builder in self._full:
+        for topic, partition, builder in full:
             futures.append(await self._producer.send_batch(builder, topic, partition=partition))
-        for (topic, partition), builder in self._builders.items():
+        for (topic, partition), builder in builders.items():
             if builder.record_count():
                 futures.append(await self._producer.send_batch(builder, topic, partition=partition))
-        self._full.clear()
-        self._builders.clear()
-        sent, self.count = self.count, 0
         return sent, futures
 
     async def flush(self) -> int:

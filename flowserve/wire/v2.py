@@ -60,7 +60,14 @@ def tensor_from_v2(spec: Mapping[str, Any]) -> tuple[str, np.ndarray]:
                 raise WireError(f"input '{name}': {datatype} data must be numbers")
             if datatype != "BOOL" and datatype[:2] != "FP" and any(isinstance(v, float) for v in flat):
                 raise WireError(f"input '{name}': {datatype} data must be integers")
-            array = np.array(flat, dtype=DATATYPES[datatype]).reshape(shape)
+            dtype = DATATYPES[datatype]
+            if dtype.kind in "iu" and flat:
+                # numpy 1.x wraps out-of-range integers silently (numpy 2 raises); check for both.
+                info = np.iinfo(dtype)
+                low, high = min(flat), max(flat)
+                if low < info.min or high > info.max:
+                    raise OverflowError(f"values {low}..{high} are outside {info.min}..{info.max}")
+            array = np.array(flat, dtype=dtype).reshape(shape)
     except (ValueError, TypeError, OverflowError) as exc:
         raise WireError(f"input '{name}': data does not fit {datatype}: {exc}") from exc
     return name, array

@@ -33,7 +33,7 @@ def sample(datatype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
         flat = rng.integers(info.min, info.max, size, dtype=dtype, endpoint=True)
         flat[: min(size, 2)] = [info.min, info.max][: min(size, 2)]
     else:
-        flat = rng.standard_normal(size).astype(dtype) * 1000
+        flat = (rng.standard_normal(size) * 1000).astype(dtype)
         specials = np.array([np.nan, np.inf, -np.inf, -0.0, np.finfo(dtype).max, np.finfo(dtype).tiny], dtype=dtype)
         flat[: min(size, len(specials))] = specials[: min(size, len(specials))]
     return flat.reshape(shape)
