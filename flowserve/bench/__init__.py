@@ -25,8 +25,7 @@ def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> 
     if workload == "capture":
         from flowserve.bench.capture import capture_bench
 
-        requests = args.records if args.records != 200_000 else 3000  # --records' default suits passthrough
-        return asyncio.run(capture_bench(kafka, requests=requests, rate=args.rate, seconds=args.seconds))
+        return asyncio.run(capture_bench(kafka, rate=args.rate, seconds=args.seconds))
     if workload == "batching":
         from flowserve.bench.batching import batching
 

@@ -1,11 +1,13 @@
 """``flowserve lineage``: the whole path of one request, from its lineage records and its topics.
 
-Each stage that runs with lineage on writes, per sampled request, one compact JSON record to
-``<prefix>.<topology>.lineage`` (key = request id), in the same Outbox batch as its outputs, so it is
-acknowledged before the stage commits. A record names the input records read (topic, partition,
-offset), the topics written, the component (``describe()``), a hash of its parameters, the model
-weights hash when there is one, the batch it ran in (id, size, its index there), timings, and the
-trace and span ids of its OpenTelemetry span::
+Each stage that runs with lineage on writes, per batch, one compact JSON record to
+``<prefix>.<topology>.lineage`` (key = batch id), in the same Outbox batch as its outputs, so it is
+acknowledged before the stage commits. It names the component (``describe()``), a hash of its
+parameters, the model weights hash when there is one, the batch (id, size) and its timings once, and
+per sampled request: its request id, index and rows in the batch, the input records read (topic,
+partition, offset), the topics written, and the trace and span ids of its OpenTelemetry span.
+:func:`expand` turns a batch record into per-request steps; ``lineage`` finds a request's records by
+scanning the topic for values that hold its id (a byte search before any JSON is parsed)::
 
     flowserve lineage r1 --topology digits --broker localhost:9092
 """
@@ -35,13 +37,41 @@ class Step:
         return str(self.record.get("node"))
 
 
+def expand(body: dict[str, Any], request_id: str | None = None) -> list[dict[str, Any]]:
+    """The per-request lineage records in one stored record (all, or ``request_id``'s only).
+
+    A batch record (``"v": 2``) expands to one dict per sampled request, each with the keys ``request_id,
+    topology, version, node, component, params_hash, weights_hash, inputs, outputs, batch {id, size,
+    index, rows}, timing {start_ms, batch_ms}, trace_id, span_id, error``; a per-request record (v1) is
+    returned as it is.
+    """
+    if body.get("v") != 2:
+        return [body] if request_id is None or body.get("request_id") == request_id else []
+    topics = body.get("topics", [])
+    batch, out = body.get("batch", {}), []
+    for rid, index, rows, partition, inputs, outputs, trace_id, span_id, error in body.get("requests", []):
+        if request_id is not None and rid != request_id:
+            continue
+        out.append({
+            "v": 1, "request_id": rid, "topology": body.get("topology"), "version": body.get("version"),
+            "node": body.get("node"), "component": body.get("component"), "params_hash": body.get("params_hash"),
+            "weights_hash": body.get("weights_hash"),
+            "inputs": [[topics[t], p, o] for t, p, o in inputs],
+            "outputs": [[topics[t], partition, port] for t, port in outputs],
+            "batch": {"id": batch.get("id"), "size": batch.get("size"), "index": index, "rows": rows},
+            "timing": dict(body.get("timing", {})), "trace_id": trace_id, "span_id": span_id, "error": error,
+        })
+    return out
+
+
 async def lineage(kafka: KafkaSettings, request_id: str, topology: str, *, prefix: str = "fs",
                   with_tensors: bool = True, timeout_s: float = 30.0) -> list[Step]:
     """The lineage steps of ``request_id`` in order of processing (redeliveries appear once per run)."""
     base = resolve_base(topology, prefix)
     async with Reader(kafka, timeout_s=timeout_s) as reader:
-        records = await reader.read([f"{base}.lineage"], key=request_id)
-        steps = [Step(r.body) for r in records if isinstance(r.body, dict) and r.body.get("node")]
+        records = await reader.read([f"{base}.lineage"], contains=json.dumps(request_id).encode())
+        steps = [Step(rec) for r in records if isinstance(r.body, dict)
+                 for rec in expand(r.body, request_id) if rec.get("node")]
         steps.sort(key=lambda s: (s.record.get("timing", {}).get("start_ms", 0), s.node))
         if with_tensors:
             wanted = [(str(t), int(p), int(o)) for s in steps for t, p, o in s.record.get("inputs", [])]

@@ -103,18 +103,18 @@ class Reader:
         return sorted(t for t in await self._consumer.topics() if t.startswith(prefix))
 
     async def _partitions(self, topics: Iterable[str]) -> list[TopicPartition]:
-        known = await self._consumer.topics()
-        tps: list[TopicPartition] = []
-        for topic in topics:
-            if topic not in known:
-                continue
-            parts = self._consumer.partitions_for_topic(topic) or set()
-            tps.extend(TopicPartition(topic, p) for p in sorted(parts))
-        return tps
+        from flowserve.runtime.kafka import describe_partitions
 
-    async def read(self, topics: Iterable[str], *, key: str | None = None, last: int | None = None
-                   ) -> list[Decoded]:
-        """Records of ``topics`` (with ``key`` only, when given; the last ``last`` per topic, when given)."""
+        wanted = list(dict.fromkeys(topics))
+        known = await self._consumer.topics()
+        # The consumer's own metadata may not list a topic yet; the admin client's answer is authoritative.
+        counts = await describe_partitions(self.kafka, [t for t in wanted if t in known]) if wanted else {}
+        return [TopicPartition(t, p) for t in wanted for p in range(counts.get(t, 0))]
+
+    async def read(self, topics: Iterable[str], *, key: str | None = None, last: int | None = None,
+                   contains: bytes | None = None) -> list[Decoded]:
+        """Records of ``topics`` (with ``key`` only, when given; whose value holds the bytes ``contains``,
+        when given; the last ``last`` per topic, when given)."""
         consumer = self._consumer
         tps = await self._partitions(topics)
         if not tps:
@@ -143,7 +143,8 @@ class Reader:
             for tp, records in fetched.items():
                 stop = target.get(tp)
                 for rec in records:
-                    if (stop is None or rec.offset < stop) and (wanted is None or rec.key == wanted):
+                    if (stop is None or rec.offset < stop) and (wanted is None or rec.key == wanted) and (
+                            contains is None or (rec.value is not None and contains in rec.value)):
                         raw.append(rec)
                 if records:
                     next_offset[tp] = records[-1].offset + 1

@@ -4,6 +4,11 @@ A :class:`StageCapture` is attached to a stage worker only when its node capture
 component files side reports (drift detectors); otherwise the worker pays nothing. The worker calls
 :meth:`StageCapture.begin` before ``process`` and :meth:`StageCapture.end` after the batch's outputs
 are queued in its Outbox, so everything written here is acknowledged before the batch commits.
+
+Per batch, the cost is one lineage record (all its sampled requests, see :data:`LINEAGE_FIELDS`), one
+span per sampled request plus one batch span handed to the span processor in one call, and one record
+per sampled request and captured port that no node reads. Per sampled request the hot path does a
+hash (sampling), two ``getrandbits`` and one header write; no OTel context objects are built.
 """
 
 from __future__ import annotations
@@ -21,14 +26,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flowserve.capture.policy import lineage_topic, node_policy, side_topic
-from flowserve.capture.tracing import format_traceparent, parse_traceparent
-from flowserve.wire.envelope import H_FORMAT, H_NODE, H_TRACEPARENT, inherit
+from flowserve.capture.tracing import new_span_id, new_trace_id, parse_traceparent
+from flowserve.wire.envelope import H_NODE, H_TRACEPARENT, inherit
 from flowserve.wire.tensors import encode_tensors
 
 if TYPE_CHECKING:
     from flowserve.runtime.worker import StageWorker
 
 log = logging.getLogger("flowserve.capture")
+
+
+#: what each entry of a lineage record's ``requests`` holds; topic numbers index its ``topics``.
+LINEAGE_FIELDS = ["request_id", "index", "rows", "partition", "inputs:[topic,partition,offset]",
+                  "outputs:[topic,port]", "trace_id", "span_id", "error"]
 
 
 def params_hash(component: Any) -> str:
@@ -44,9 +54,9 @@ class _Sampled:
     index: int  # position in the group
     headers: dict[str, bytes]
     original: bytes | None  # the incoming traceparent, restored if the batch is retried
-    trace_id: str
-    span_id: str
-    span: Any = None
+    trace_id: int  # 0: unknown (tracing off and no incoming traceparent)
+    span_id: int  # this stage's span for the request (tracing on) or the incoming parent's
+    parent_id: int  # the incoming traceparent's span id, 0 when the request started a new trace here
 
 
 @dataclass(slots=True)
@@ -57,8 +67,22 @@ class Tap:
     group: Sequence[Any]
     started_ms: int
     t0: float
+    start_ns: int = 0
     sampled: list[_Sampled] = field(default_factory=list)
-    batch_span: Any = None
+
+
+def _incoming(raw: bytes | None) -> tuple[int, int]:
+    """(trace id, span id) of an incoming W3C traceparent, (0, 0) when absent or malformed."""
+    if raw is not None and len(raw) == 55 and raw[2:3] == b"-" and raw[35:36] == b"-":
+        try:  # the common, well-formed case without the general parser
+            trace_id, span_id = int(raw[3:35], 16), int(raw[36:52], 16)
+        except ValueError:
+            return 0, 0
+        if trace_id and span_id and raw[:2] != b"ff":
+            return trace_id, span_id
+        return 0, 0
+    parsed = parse_traceparent(raw)
+    return (parsed[0], parsed[1]) if parsed else (0, 0)
 
 
 class StageCapture:
@@ -75,15 +99,15 @@ class StageCapture:
         self._side = getattr(self.component, "side_output", None)
         self.side_topic = side_topic(self.topology, self._side) if self._side else None
         self._context_header: str | None = getattr(self.component, "context_header", None)
-        self._tracer: Any = None
-        self._link: Any = None
-        self._parent_context: Any = None
+        self._spans: Any = None  # a tracing.SpanFactory when tracing is on
         self._identity: dict[str, Any] | None = None
         self._open: Tap | None = None
         self._seq = 0
         self._instance = f"{os.getpid():x}{zlib.crc32(os.urandom(4)):08x}"[-10:]
+        self._attrs: dict[str, Any] = {}
         self.batches = 0
         self.lineage_records = 0
+        self.spans = 0
         self.reports = 0
 
     @classmethod
@@ -98,15 +122,13 @@ class StageCapture:
 
     def start(self) -> None:
         if self.policy.active and self.policy.tracing:
-            from opentelemetry.trace import Link
+            from flowserve.capture.tracing import SpanFactory
 
-            from flowserve.capture.tracing import parent_context, tracer
-
-            self._tracer = tracer()
-            self._link, self._parent_context = Link, parent_context  # resolved once, used per request
+            self._spans = SpanFactory()
+            self._attrs = {"fs.node": self.node.id, "fs.topology": self.topology.name}
 
     def close(self) -> None:
-        if self._tracer is not None:
+        if self._spans is not None:
             from flowserve.capture.tracing import flush
 
             flush()
@@ -125,7 +147,7 @@ class StageCapture:
     # -- per batch -------------------------------------------------------------------------------
 
     def begin(self, group: Sequence[Any]) -> Tap:
-        """Before ``process``: open spans for sampled requests and point their traceparent at them."""
+        """Before ``process``: choose the sampled requests, give each a span id and point its traceparent at it."""
         if self._open is not None:  # the previous batch failed and is being retried item by item
             self._abort(self._open)
         self._seq += 1
@@ -134,116 +156,134 @@ class StageCapture:
         if self._context_header is not None:
             setattr(self.component, "contexts", [it.ready.headers.get(self._context_header) for it in group])  # noqa: B010
         if self.policy.active:
+            tracing = self._spans is not None
+            if tracing:
+                tap.start_ns = time.time_ns()
+            sampled = self.policy.sampled
+            everything = self.policy.sample >= 1.0
             for index, item in enumerate(group):
                 r = item.ready
-                if self.policy.sampled(r.request_id):
-                    tap.sampled.append(self._open_request(tap, index, r.headers))
-            if self._tracer is not None and tap.sampled:
-                links = [self._link(s.span.get_span_context()) for s in tap.sampled if s.span is not None]
-                tap.batch_span = self._tracer.start_span(
-                    f"{self.node.id}.batch", links=links,
-                    attributes={"fs.node": self.node.id, "fs.topology": self.topology.name,
-                                "fs.batch.id": tap.batch_id, "fs.batch.size": len(group)})
+                if not (everything or sampled(r.request_id)):
+                    continue
+                headers = r.headers
+                original = headers.get(H_TRACEPARENT)
+                trace_id, parent_id = _incoming(original)
+                if not tracing:
+                    tap.sampled.append(_Sampled(index, headers, original, trace_id, parent_id, 0))
+                    continue
+                if not trace_id:
+                    trace_id, parent_id = new_trace_id(), 0
+                span_id = new_span_id()
+                headers[H_TRACEPARENT] = b"00-%032x-%016x-01" % (trace_id, span_id)
+                tap.sampled.append(_Sampled(index, headers, original, trace_id, span_id, parent_id))
         self._open = tap
         return tap
 
-    def _open_request(self, tap: Tap, index: int, headers: dict[str, bytes]) -> _Sampled:
-        original = headers.get(H_TRACEPARENT)
-        if self._tracer is None:
-            parsed = parse_traceparent(original)
-            trace_id = f"{parsed[0]:032x}" if parsed else ""
-            return _Sampled(index, headers, original, trace_id, f"{parsed[1]:016x}" if parsed else "")
-        rid = headers.get("fs-id", b"").decode("utf-8", "replace")
-        span = self._tracer.start_span(
-            self.node.id, context=self._parent_context(original), record_exception=False,
-            attributes={"fs.request_id": rid, "fs.node": self.node.id, "fs.topology": self.topology.name,
-                        "fs.batch.id": tap.batch_id})
-        ctx = span.get_span_context()
-        headers[H_TRACEPARENT] = format_traceparent(ctx.trace_id, ctx.span_id, int(ctx.trace_flags)).encode()
-        return _Sampled(index, headers, original, f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", span)
-
     def _abort(self, tap: Tap) -> None:
-        from_status = None
         for s in tap.sampled:
             if s.original is None:
                 s.headers.pop(H_TRACEPARENT, None)
             else:
                 s.headers[H_TRACEPARENT] = s.original
-            if s.span is not None:
-                from_status = from_status or _error_status("batch failed; retried request by request")
-                s.span.set_status(from_status)
-                s.span.end()
-        if tap.batch_span is not None:
-            tap.batch_span.set_status(_error_status("batch failed; retried request by request"))
-            tap.batch_span.end()
+        if self._spans is not None and tap.sampled:
+            why = "batch failed; retried request by request"
+            self._export_spans(tap, {s.index: why for s in tap.sampled}, batch_error=why)
         self._open = None
+
+    def _export_spans(self, tap: Tap, errors: Mapping[int, str], batch_error: str | None = None) -> None:
+        """One span per sampled request (child of its incoming traceparent) and one per batch, linked to them."""
+        f = self._spans
+        end_ns = time.time_ns()
+        start_ns = tap.start_ns or end_ns
+        node = self.node.id
+        spans = []
+        links = []
+        for s in tap.sampled:
+            ctx = f.context(s.trace_id, s.span_id)
+            parent = f.context(s.trace_id, s.parent_id, remote=True) if s.parent_id else None
+            rid = tap.group[s.index].ready.request_id
+            spans.append(f.span(node, ctx, parent, start_ns, end_ns, {"fs.request_id": rid},
+                                error=errors.get(s.index)))
+            links.append(f.link(ctx))
+        attrs = {**self._attrs, "fs.batch.id": tap.batch_id, "fs.batch.size": len(tap.group)}
+        spans.append(f.span(f"{node}.batch", f.context(new_trace_id(), new_span_id()), None, start_ns, end_ns,
+                            attrs, links=links, error=batch_error))
+        f.export(spans)
+        self.spans += len(spans)
 
     def end(self, tap: Tap, sizes: Sequence[int], outputs: Mapping[str, np.ndarray],
             mask: Mapping[str, np.ndarray], errors: Mapping[int, str]) -> None:
-        """After the batch's outputs are queued: captured ports, lineage records, spans, side reports."""
+        """After the batch's outputs are queued: captured ports, one lineage record, spans, side reports."""
         self._open = None
         self.batches += 1
-        outbox = self.worker.outbox
         if tap.sampled:
+            outbox = self.worker.outbox
             batch_ms = round((time.perf_counter() - tap.t0) * 1000, 3)
-            starts = np.cumsum([0, *sizes])
+            starts = np.cumsum([0, *sizes]).tolist() if len(set(sizes)) > 1 else None
+            n0 = sizes[0] if sizes else 0
+            topics: dict[str, int] = {}  # interned topic names of the lineage record
+            entries: list[list[Any]] = []
+            failed: dict[int, str] = {}
+            lineage = self.lineage_topic is not None
+            emits = bool(self.node.emits_outputs) and any(p in outputs for p in self.node.emits_outputs.values())
             for s in tap.sampled:
                 item = tap.group[s.index]
                 r = item.ready
-                lo, hi = int(starts[s.index]), int(starts[s.index + 1])
+                lo, hi = (starts[s.index], starts[s.index + 1]) if starts is not None else \
+                    (s.index * n0, (s.index + 1) * n0)
                 error = next((errors[i] for i in range(lo, hi) if i in errors), None) if errors else None
                 written: list[list[Any]] = []
                 if error is None:
-                    key = r.request_id.encode()
                     for port, array in outputs.items():
-                        rows = array[lo:hi]
                         m = mask.get(port)
-                        if m is not None:
-                            sel = m[lo:hi]
-                            if not sel.any():
-                                continue
-                            rows = rows[sel]
+                        if m is not None and not m[lo:hi].any():
+                            continue
                         topic = self.node.output_topics.get(port)
                         if topic is None and port in self.capture_topics:
                             topic = self.capture_topics[port]
-                            outbox.add(topic, r.partition, key, encode_tensors({port: rows}), inherit(r.headers))
-                        if topic is not None:
-                            written.append([topic, r.partition, port])
-                    if self.node.emits_outputs and any(p in outputs for p in self.node.emits_outputs.values()):
-                        written.append([self.worker._reply_topic(r), r.partition, "outputs"])
-                if s.span is not None:
-                    if error is not None:
-                        s.span.set_status(_error_status(error))
-                    s.span.end()
-                if self.lineage_topic is not None:
-                    self._lineage(tap, s, item, error, written, batch_ms, hi - lo)
-        if tap.batch_span is not None:
-            tap.batch_span.end()
+                            rows = array[lo:hi] if m is None else array[lo:hi][m[lo:hi]]
+                            outbox.add(topic, r.partition, r.request_id.encode(), encode_tensors({port: rows}),
+                                       inherit(r.headers))
+                        if topic is not None and lineage:
+                            written.append([topics.setdefault(topic, len(topics)), port])
+                    if emits and lineage:
+                        written.append([topics.setdefault(self.worker._reply_topic(r), len(topics)), "outputs"])
+                else:
+                    failed[s.index] = error
+                if lineage:
+                    entries.append([r.request_id, s.index, hi - lo, r.partition, self._inputs(item, topics),
+                                    written, f"{s.trace_id:032x}" if s.trace_id else "",
+                                    f"{s.span_id:016x}" if s.span_id else "", error])
+            if self._spans is not None:
+                self._export_spans(tap, failed)
+            if lineage:
+                self._lineage(tap, entries, topics, batch_ms)
         if self.side_topic is not None:
             self._drain_reports()
 
-    def _lineage(self, tap: Tap, s: _Sampled, item: Any, error: str | None, written: list[list[Any]],
-                 batch_ms: float, rows: int) -> None:
+    @staticmethod
+    def _inputs(item: Any, topics: dict[str, int]) -> list[list[int]]:
         r = item.ready
         if getattr(r, "offsets", None):
-            inputs = [[t, p, o] for (t, p), o in r.offsets]
-        elif item.source:
+            return [[topics.setdefault(t, len(topics)), p, o] for (t, p), o in r.offsets]
+        if item.source:
             topic, partition, offset = item.source.rsplit(":", 2)
-            inputs = [[topic, int(partition), int(offset)]]
-        else:
-            inputs = []
+            return [[topics.setdefault(topic, len(topics)), int(partition), int(offset)]]
+        return []
+
+    def _lineage(self, tap: Tap, entries: list[list[Any]], topics: dict[str, int], batch_ms: float) -> None:
+        """One compact record for the batch (key: batch id); ``flowserve lineage`` expands it per request."""
         body = {
-            "v": 1, "request_id": r.request_id, "topology": self.topology.name,
-            "version": self.topology.version, "node": self.node.id, **self._ident(),
-            "inputs": inputs, "outputs": written,
-            "batch": {"id": tap.batch_id, "size": len(tap.group), "index": s.index, "rows": rows},
+            "v": 2, "topology": self.topology.name, "version": self.topology.version, "node": self.node.id,
+            **self._ident(), "batch": {"id": tap.batch_id, "size": len(tap.group)},
             "timing": {"start_ms": tap.started_ms, "batch_ms": batch_ms},
-            "trace_id": s.trace_id, "span_id": s.span_id, "error": error,
+            "topics": list(topics), "fields": LINEAGE_FIELDS, "requests": entries,
         }
         value = json.dumps(body, separators=(",", ":"), default=str).encode()
-        headers = [(k, v) for k, v in inherit(r.headers, **{H_NODE: self.node.id.encode()}) if k != H_FORMAT]
         assert self.lineage_topic is not None
-        self.worker.outbox.add(self.lineage_topic, r.partition, r.request_id.encode(), value, headers)
+        partition = entries[0][3] if entries else 0
+        self.worker.outbox.add(self.lineage_topic, partition, tap.batch_id.encode(), value,
+                               [(H_NODE, self.node.id.encode())])
         self.lineage_records += 1
 
     def _drain_reports(self) -> None:
@@ -269,7 +309,3 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _error_status(reason: str) -> Any:
-    from opentelemetry.trace import Status, StatusCode
-
-    return Status(StatusCode.ERROR, reason[:500])

@@ -11,6 +11,13 @@ Export, chosen once per process:
 
 Trace context travels in the W3C ``traceparent`` Kafka header: a stage's per-request span is a child of
 the incoming record's traceparent and the records it writes carry that span's traceparent.
+
+Stages do not go through ``Tracer.start_span`` per request (about 40 us each with context handling,
+sampler and attribute validation): capture already chose the requests, so a stage draws span ids from a
+fast generator (:func:`new_span_id`), writes the outgoing ``traceparent`` itself, and at the end of the
+batch hands finished SDK spans (``ReadableSpan``) straight to the process's span processor
+(:func:`export_spans`): a ``BatchSpanProcessor`` with a bounded queue (spans beyond it are dropped and
+counted by the SDK, never blocking a stage), or a ``SimpleSpanProcessor`` for ``use_exporter``.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +35,11 @@ log = logging.getLogger("flowserve.tracing")
 
 _lock = threading.Lock()
 _provider: Any = None
+_processor: Any = None  # the provider's one span processor; stages hand it finished spans
 _override: Any = None
+_ids = random.Random(int.from_bytes(os.urandom(16), "big"))  # span ids need uniqueness, not secrecy
+#: bound of the span queue: beyond it, spans are dropped (counted by the SDK) rather than slowing a stage.
+MAX_QUEUE = 16_384
 
 
 def traces_dir() -> Path:
@@ -37,9 +49,9 @@ def traces_dir() -> Path:
 
 def use_exporter(exporter: Any) -> None:
     """Send this process's spans to ``exporter`` (synchronously), replacing any earlier choice."""
-    global _provider, _override
+    global _provider, _processor, _override
     with _lock:
-        old, _provider, _override = _provider, None, exporter
+        old, _provider, _processor, _override = _provider, None, None, exporter
     if old is not None:
         old.shutdown()
 
@@ -68,13 +80,16 @@ def _json_exporter() -> Any:
 
 
 def _make_provider() -> Any:
+    global _processor
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
     provider = TracerProvider(resource=Resource.create({"service.name": "flowserve"}), shutdown_on_exit=True)
+    _processor = None
     if _override is not None:
-        provider.add_span_processor(SimpleSpanProcessor(_override))
+        _processor = SimpleSpanProcessor(_override)
+        provider.add_span_processor(_processor)
         return provider
     if os.environ.get("FLOWSERVE_TRACES", "").lower() == "off":
         return provider
@@ -87,8 +102,9 @@ def _make_provider() -> Any:
                         "installed; writing spans under %s instead", traces_dir())
         else:
             exporter = OTLPSpanExporter()  # reads the OTEL_EXPORTER_OTLP_* variables
-    provider.add_span_processor(BatchSpanProcessor(exporter or _json_exporter(), max_queue_size=65_536,
-                                                   max_export_batch_size=4096, schedule_delay_millis=1000))
+    _processor = BatchSpanProcessor(exporter or _json_exporter(), max_queue_size=MAX_QUEUE,
+                                    max_export_batch_size=2048, schedule_delay_millis=1000)
+    provider.add_span_processor(_processor)
     return provider
 
 
@@ -99,6 +115,56 @@ def tracer() -> Any:
         if _provider is None:
             _provider = _make_provider()
         return _provider.get_tracer("flowserve")
+
+
+def new_span_id() -> int:
+    """A random, non-zero 64-bit span id (``random.getrandbits``: ~0.1 us, vs the SDK's ~1 us)."""
+    return _ids.getrandbits(64) or 1
+
+
+def new_trace_id() -> int:
+    return _ids.getrandbits(128) or 1
+
+
+class SpanFactory:
+    """Builds finished SDK spans cheaply and hands them to the process's span processor in one call.
+
+    ``span(...)`` returns a ``ReadableSpan`` (what the SDK's exporters take); ``export(spans)`` passes
+    them to the processor, which queues them for the exporter thread (or exports at once, in tests).
+    """
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
+
+        tracer()  # the provider, its resource and processor
+        self._span, self._ctx, self._link = ReadableSpan, SpanContext, Link
+        self._status, self._error = Status, StatusCode.ERROR
+        self._sampled = TraceFlags(TraceFlags.SAMPLED)
+        self._resource = _provider.resource
+        self._scope = InstrumentationScope("flowserve")
+
+    def context(self, trace_id: int, span_id: int, *, remote: bool = False) -> Any:
+        return self._ctx(trace_id, span_id, remote, self._sampled)
+
+    def span(self, name: str, context: Any, parent: Any, start_ns: int, end_ns: int,
+             attributes: dict[str, Any], *, links: Sequence[Any] = (), error: str | None = None) -> Any:
+        kwargs: dict[str, Any] = {}
+        if error is not None:
+            kwargs["status"] = self._status(self._error, error[:500])
+        return self._span(name, context, parent, self._resource, attributes, (), links,
+                          instrumentation_scope=self._scope, start_time=start_ns, end_time=end_ns, **kwargs)
+
+    def link(self, context: Any) -> Any:
+        return self._link(context)
+
+    def export(self, spans: Sequence[Any]) -> None:
+        processor = _processor
+        if processor is None:  # FLOWSERVE_TRACES=off
+            return
+        for span in spans:
+            processor.on_end(span)
 
 
 def flush() -> None:

@@ -15,13 +15,20 @@ the rest, where ``p1`` is a node's profiled p99 at batch 1 and the critical path
 with the largest sum of ``p1``. A node without a profile weighs as much as this one (the implicit
 ``outputs`` join weighs nothing once others are profiled); without any profile every stage weighs the same.
 
-**SLOPolicy.** Per step the worker hands the policy the deadlines of the fetched requests in FIFO order.
-The policy simulates working the queue off: at simulated time ``t`` it refuses the head when even a batch
-of one plus the fastest downstream path cannot meet that request's deadline (Clockwork: refuse rather
-than finish late), and otherwise takes the largest batch, no larger than what is queued and the node's
-maximum, whose predicted p99 lets the earliest node-deadline in it be met. Only the first batch runs;
-the worker re-plans with the real clock after it. Refusals found anywhere in the simulated queue are
-returned at once. Batches are prefixes of the queue, so a new request never overtakes an old one.
+**SLOPolicy.** Per step the worker hands the policy the deadlines of the fetched requests in FIFO order
+(at most ``window`` of them: planning costs O(window) per batch, never O(queue) per request).
+
+* *Admission*: a request is refused at once only when it is infeasible even if it ran next, alone:
+  ``now + p99(1)`` plus the hops and the fastest downstream path ends past its deadline (Clockwork:
+  refuse rather than finish late). Nothing that could still make it is refused on predicted queueing.
+* *Batch*: the largest batch ``b``, no larger than what is queued and the node's maximum, whose predicted
+  **p99** lets the earliest node-deadline in it be met. When that is smaller than a full batch and more is
+  queued, a full batch is considered too: both are scored by the misses they predict over the window,
+  the chosen batch at its p99 and the batches queued behind it at their **p50** (summing p99s over
+  several batches is far too pessimistic); the full batch wins ties (under load throughput is what
+  drains the queue and so helps the later deadlines). Only the first batch runs; the worker re-plans with
+  the real clock after it. Batches are prefixes of the queue, so a new request never overtakes an old one.
+
 Until the profile knows two batch sizes the policy falls back to Clipper's AIMD: grow the batch by one
 while a full batch takes under 90% of its budget, multiply it by 0.9 on a violation.
 
@@ -56,7 +63,7 @@ MIN_LIVE = 10
 
 
 class ExecProfile:
-    """Execution time per batch size: a sliding window of measurements and its p99, plus seeded figures.
+    """Execution time per batch size: a sliding window of measurements, its p99 and p50, plus seeded figures.
 
     >>> p = ExecProfile(seed={1: 0.002, 8: 0.004})
     >>> round(p.p99(4) * 1000, 3)  # linear between profiled sizes
@@ -64,12 +71,14 @@ class ExecProfile:
     """
 
     def __init__(self, seed: dict[int, float] | None = None, *, window: int = WINDOW,
-                 min_live: int = MIN_LIVE) -> None:
+                 min_live: int = MIN_LIVE, seed_p50: dict[int, float] | None = None) -> None:
         self.window = window
         self.min_live = min_live
-        self.seed: dict[int, float] = {int(k): float(v) for k, v in (seed or {}).items() if v > 0 and int(k) > 0}
+        self.seed: dict[int, float] = _positive(seed)
+        #: seeded medians (``p50_s`` of a profile file); a size without one uses its p99 figure.
+        self.seed_p50: dict[int, float] = _positive(seed_p50)
         self._runs: dict[int, deque[float]] = {}
-        self._table: tuple[list[int], list[float]] | None = None
+        self._tables: dict[int, tuple[list[int], list[float]]] = {}
         self._lock = threading.Lock()
 
     # -- measurements ----------------------------------------------------------------------------
@@ -83,7 +92,7 @@ class ExecProfile:
             if runs is None:
                 runs = self._runs[size] = deque(maxlen=self.window)
             runs.append(seconds)
-            self._table = None
+            self._tables = {}
 
     def samples(self, size: int) -> int:
         return len(self._runs.get(size, ()))
@@ -97,12 +106,15 @@ class ExecProfile:
 
     # -- prediction ------------------------------------------------------------------------------
 
-    def known(self) -> dict[int, float]:
-        """Per batch size, the figure predictions use: the live p99 once it has enough runs, else the seed."""
+    def known(self, q: int = 99) -> dict[int, float]:
+        """Per batch size, the figure predictions use: the live ``q``-th percentile once it has enough runs,
+        else the seed (for p50: the seeded median, else the p99 figure)."""
         out = dict(self.seed)
+        if q != 99:
+            out.update(self.seed_p50)
         for size, runs in list(self._runs.items()):
             if len(runs) >= self.min_live or size not in out:
-                out[size] = _percentile(list(runs), 99)
+                out[size] = _percentile(list(runs), q)
         return out
 
     @property
@@ -110,21 +122,28 @@ class ExecProfile:
         """Seeded from a profile file, or measured at two batch sizes at least ``min_live`` times each."""
         return bool(self.seed) or sum(len(r) >= self.min_live for r in self._runs.values()) >= 2
 
-    def _build(self) -> tuple[list[int], list[float]]:
-        table = self._table
+    def _build(self, q: int) -> tuple[list[int], list[float]]:
+        table = self._tables.get(q)
         if table is None:
             with self._lock:
-                known = self.known()
+                known = self.known(q)
                 sizes = sorted(known)
                 values: list[float] = []
                 for s in sizes:  # a larger batch never takes less time than a smaller one
                     values.append(max(known[s], values[-1] if values else 0.0))
-                table = self._table = (sizes, values)
+                table = self._tables[q] = (sizes, values)
         return table
 
     def p99(self, size: int) -> float | None:
         """Predicted p99 execution time (seconds) of a batch of ``size``; None when nothing is known."""
-        sizes, values = self._build()
+        return self._predict(99, size)
+
+    def p50(self, size: int) -> float | None:
+        """Predicted median execution time (seconds) of a batch of ``size``; None when nothing is known."""
+        return self._predict(50, size)
+
+    def _predict(self, q: int, size: int) -> float | None:
+        sizes, values = self._build(q)
         if not sizes:
             return None
         if size <= sizes[0]:
@@ -138,8 +157,9 @@ class ExecProfile:
     # -- persistence -----------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        known = self.known()
+        known, median = self.known(), self.known(50)
         return {"p99_s": {str(k): known[k] for k in sorted(known)},
+                "p50_s": {str(k): median[k] for k in sorted(median)},
                 "samples": {str(k): len(v) for k, v in sorted(self._runs.items())}}
 
     @classmethod
@@ -147,11 +167,17 @@ class ExecProfile:
         raw = data.get("p99_s")
         if not isinstance(raw, dict):
             raise ValueError("a node profile needs a 'p99_s' mapping of batch size -> seconds")
+        medians = data.get("p50_s") or {}
         try:
             seed = {int(k): float(v) for k, v in raw.items()}
-        except (TypeError, ValueError):
-            raise ValueError("'p99_s' keys must be batch sizes and values seconds") from None
-        return cls(seed, **kwargs)
+            seed_p50 = {int(k): float(v) for k, v in medians.items()}
+        except (TypeError, ValueError, AttributeError):
+            raise ValueError("'p99_s'/'p50_s' keys must be batch sizes and values seconds") from None
+        return cls(seed, seed_p50=seed_p50, **kwargs)
+
+
+def _positive(seed: dict[int, float] | None) -> dict[int, float]:
+    return {int(k): float(v) for k, v in (seed or {}).items() if v > 0 and int(k) > 0}
 
 
 def _bisect(sizes: list[int], size: int) -> int:
@@ -310,7 +336,7 @@ class SLOPolicy:
     max_batch: int = 256
     profile: ExecProfile = field(default_factory=ExecProfile)
     budget: Budget = field(default_factory=Budget)
-    #: fetch up to this many queued records per step, so refusals see far enough ahead.
+    #: fetch and plan over up to ``lookahead * max_batch`` queued records (the planning window).
     lookahead: int = 4
     max_wait_ms: float = 0.0
     #: AIMD state (used while the profile is not ready).
@@ -321,6 +347,11 @@ class SLOPolicy:
     def next_size(self, lag: int) -> int:
         cap = self.max_batch * self.lookahead
         return max(1, min(lag, cap)) if lag > 0 else self.max_batch
+
+    @property
+    def window(self) -> int:
+        """Most queued requests one ``plan`` looks at (the worker hands it no more)."""
+        return max(1, self.max_batch * self.lookahead)
 
     @property
     def mode(self) -> str:
@@ -353,37 +384,56 @@ class SLOPolicy:
                 f"+ {after:.1f} ms downstream")
 
     def _plan_profile(self, deadlines: Sequence[float | None], now_ms: float) -> Plan:
-        p = self.profile.p99
-        p1 = p(1) or 0.0
-        local = [self.budget.node_deadline(d, now_ms) if d is not None else math.inf for d in deadlines]
+        window = self.window
+        if len(deadlines) > window:
+            deadlines = deadlines[:window]
+        p99, p50 = self.profile.p99, self.profile.p50
+        budget = self.budget
+        p1_ms = (p99(1) or 0.0) * 1000
+        # Admission: refuse only what cannot make it even if it ran next, alone.
+        hopeless = now_ms + p1_ms + (budget.reserve_s + budget.downstream_s) * 1000
         refuse: dict[int, str] = {}
-        first: int | None = None
-        t = now_ms
-        pos, n = 0, len(deadlines)
+        local: list[float] = []  # node-deadlines of the requests kept, in FIFO order
+        share, keep_ms = budget.share, now_ms + budget.reserve_s * 1000
+        for i, d in enumerate(deadlines):
+            if d is None:
+                local.append(math.inf)
+            elif d < hopeless:
+                refuse[i] = self._refusal(d, now_ms, p1_ms / 1000, now_ms) or "cannot finish before its deadline"
+            else:
+                local.append(now_ms + share * (d - keep_ms))
+        n = len(local)
+        if not n:
+            return Plan(take=0, refuse=refuse)
+        cap = min(n, self.max_batch)
+        # The largest prefix whose p99 meets the earliest node-deadline in it (at least 1: FIFO).
+        best, earliest = 1, local[0]
+        for size in range(2, cap + 1):
+            earliest = min(earliest, local[size - 1])
+            if now_ms + (p99(size) or 0.0) * 1000 > earliest:
+                break
+            best = size
+        if best < cap and self._misses(local, cap, now_ms) <= self._misses(local, best, now_ms):
+            best = cap  # a full batch loses no more deadlines and drains the queue faster
+        return Plan(take=best, refuse=refuse)
+
+    def _misses(self, local: list[float], first: int, now_ms: float) -> int:
+        """Predicted deadline misses over ``local`` when the next batch is ``first`` requests (at its p99)
+        and the rest follow in full batches (at their p50). O(len(local))."""
+        p99, p50, top = self.profile.p99, self.profile.p50, self.max_batch
+        t = now_ms + (p99(first) or 0.0) * 1000
+        misses = sum(1 for d in local[:first] if d < t)
+        pos, n = first, len(local)
         while pos < n:
-            d = deadlines[pos]
-            if d is not None:
-                why = self._refusal(d, t, p1, now_ms)
-                if why is not None:
-                    refuse[pos] = why
-                    pos += 1
-                    continue
-            # Largest prefix (skipping nothing: FIFO) whose batch time meets its earliest node-deadline.
-            best, earliest, size, k = 1, local[pos], 1, pos + 1
-            while k < n and size < self.max_batch:
-                earliest = min(earliest, local[k])
-                size += 1
-                if t + (p(size) or 0.0) * 1000 > earliest:
-                    break
-                best = size
-                k += 1
-            if first is None:
-                first = best
-            t += (p(best) or 0.0) * 1000
-            pos += best
-        return Plan(take=first or 0, refuse=refuse)
+            size = min(top, n - pos)
+            t += (p50(size) or 0.0) * 1000
+            misses += sum(1 for d in local[pos:pos + size] if d < t)
+            pos += size
+        return misses
 
     def _plan_aimd(self, deadlines: Sequence[float | None], now_ms: float) -> Plan:
+        if len(deadlines) > self.window:
+            deadlines = deadlines[:self.window]
         refuse: dict[int, str] = {}
         live: list[int] = []
         for i, d in enumerate(deadlines):

@@ -408,36 +408,45 @@ class StageWorker:
 
     async def _work_off(self, queue: list[_Item]) -> None:
         """Run a FIFO queue batch by batch as the policy plans it, re-planning with the real clock after
-        each batch. Requests the policy says cannot make their deadline are refused at once (error result)."""
+        each batch. Requests the policy says cannot make their deadline are refused at once (error result).
+
+        Each plan sees only the head of the queue (the policy's ``window``), so working off a queue of n
+        costs O(n * window / batch) in Python, not O(n^2)."""
         deadlines: list[float | None] = [deadline_of(it.ready.headers.get(H_DEADLINE)) for it in queue]
-        first = True
-        while queue:
+        window = int(getattr(self.policy, "window", 0) or 4 * self.node.max_batch)
+        pos, first = 0, True
+        while pos < len(queue):
             now = now_ms()
-            if not first and any(d is not None and d < now for d in deadlines):
-                keep = []
-                for it, d in zip(queue, deadlines, strict=True):
+            end = min(len(queue), pos + window)
+            drop: dict[int, str] = {}
+            if not first:  # expired while earlier batches ran (checked as they reach the window)
+                for i in range(pos, end):
+                    d = deadlines[i]
                     if d is not None and d < now:
                         self.counters.expired += 1
-                        await self._emit_error(it.ready, f"deadline exceeded before node '{self.node.id}'")
-                    else:
-                        keep.append((it, d))
-                queue, deadlines = [it for it, _ in keep], [d for _, d in keep]
-                if not queue:
-                    return
+                        drop[i] = ""
+                        await self._emit_error(queue[i].ready, f"deadline exceeded before node '{self.node.id}'")
             first = False
-            plan = plan_with(self.policy, deadlines, now)
-            if plan.refuse:
-                for i, why in sorted(plan.refuse.items()):
+            plan = None
+            if len(drop) < end - pos:
+                live = [i for i in range(pos, end) if i not in drop] if drop else list(range(pos, end))
+                plan = plan_with(self.policy, [deadlines[i] for i in live], now)
+                for k, why in sorted(plan.refuse.items()):
                     self.counters.refused += 1
-                    await self._emit_error(queue[i].ready, f"refused by node '{self.node.id}': {why}")
-                queue = [it for i, it in enumerate(queue) if i not in plan.refuse]
-                deadlines = [d for i, d in enumerate(deadlines) if i not in plan.refuse]
-                if not queue:
-                    return
-            take = max(1, min(plan.take, self.node.max_batch, len(queue)))
-            batch, queue, deadlines = queue[:take], queue[take:], deadlines[take:]
+                    drop[live[k]] = why
+                    await self._emit_error(queue[live[k]].ready, f"refused by node '{self.node.id}': {why}")
+            if drop:  # close the gaps inside the window (a C-level slice move, not per-record Python)
+                kept = [i for i in range(pos, end) if i not in drop]
+                queue[pos:end] = [queue[i] for i in kept]
+                deadlines[pos:end] = [deadlines[i] for i in kept]
+                end = pos + len(kept)
+            if plan is None or pos == end:
+                continue
+            take = max(1, min(plan.take, self.node.max_batch, end - pos))
+            batch = queue[pos:pos + take]
+            pos += take
             await self._run_batch(batch)
-            if queue and self.outbox.count:  # results of this batch leave now, not after the whole queue
+            if pos < len(queue) and self.outbox.count:  # results of this batch leave now, not after the queue
                 sent, futures = await self.outbox.send()
                 self.counters.records_out += sent
                 self._early.extend(futures)

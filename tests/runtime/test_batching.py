@@ -140,12 +140,18 @@ def test_largest_batch_whose_p99_meets_the_earliest_deadline() -> None:
     assert policy.plan([NOW + 3] * 40, NOW).take == 3
 
 
-def test_a_tight_request_further_back_bounds_the_batch_and_is_refused_when_hopeless() -> None:
+def test_a_tight_request_further_back_bounds_the_batch_when_that_saves_it() -> None:
+    policy = SLOPolicy(max_batch=64, profile=linear(), budget=EXACT)
+    queue = [NOW + 100] * 4 + [NOW + 5.5] + [NOW + 100] * 4
+    assert policy.plan(queue, NOW) == Plan(take=5)  # batch 6+ would take 6+ ms and miss the tight one
+
+
+def test_a_tight_request_that_cannot_make_it_behind_older_ones_does_not_hold_back_the_batch() -> None:
+    """Behind 4 older requests (4 ms) the one due in 4.5 ms misses however the queue is cut; it could still
+    make it alone, so it is not refused, and the batch is not shrunk for nothing."""
     policy = SLOPolicy(max_batch=64, profile=linear(), budget=EXACT)
     queue = [NOW + 100] * 4 + [NOW + 4.5] + [NOW + 100] * 4
-    plan = policy.plan(queue, NOW)
-    assert plan.take == 4  # batch 5 would take 5 ms and miss the tight one's deadline
-    assert list(plan.refuse) == [4]  # after those 4 (4 ms), 1 ms more ends past 4.5 ms: refused at once
+    assert policy.plan(queue, NOW) == Plan(take=9)
 
 
 def test_none_deadline_never_limits_a_batch() -> None:
@@ -178,12 +184,46 @@ def test_admission_counts_the_downstream_stages_fastest_path() -> None:
     assert "+ 12.0 ms downstream" in policy.plan([NOW + 5], NOW).refuse[0]
 
 
-def test_predicted_queueing_refuses_requests_deep_in_the_queue() -> None:
+def test_predicted_queueing_alone_never_refuses() -> None:
+    """Refusal is for requests that could not make it even if run next: queueing predictions are estimates
+    (and earlier requests may yet be refused or expire), so deep requests wait for their turn."""
     policy = SLOPolicy(max_batch=4, profile=ExecProfile({1: 0.010, 4: 0.010}), budget=EXACT)
-    # every batch of 4 takes 10 ms; deadlines 25 ms out: the first two batches make it, the third cannot
-    plan = policy.plan([NOW + 25] * 12, NOW)
-    assert plan.take == 4
-    assert sorted(plan.refuse) == [8, 9, 10, 11]
+    # every batch of 4 takes 10 ms; deadlines 25 ms out: the third batch is predicted to miss, yet could
+    # make it if run next: nothing is refused
+    assert policy.plan([NOW + 25] * 12, NOW) == Plan(take=4)
+    # ... until it is at the head with less than a batch-1 time left
+    plan = policy.plan([NOW + 9.9] * 4, NOW)
+    assert plan.take == 0 and sorted(plan.refuse) == [0, 1, 2, 3]
+
+
+def test_grows_to_a_full_batch_when_the_queue_behind_would_lose_more() -> None:
+    # batching is cheap: b takes 1 + (b-1)/31 ms; two tight requests (1.5 ms) head a long queue (4.5 ms)
+    profile = ExecProfile({1: 0.001, 32: 0.002})
+    policy = SLOPolicy(max_batch=32, profile=profile, budget=EXACT)
+    queue = [NOW + 1.5] * 2 + [NOW + 4.5] * 62
+    # batch 16 saves the 2 tight ones but then 32 + 16 more end at ~5 ms: 16 misses; a full batch loses 2
+    assert policy.plan(queue, NOW) == Plan(take=32)
+    # with a short queue behind, the tight ones are saved by the smaller batch
+    assert policy.plan(queue[:20], NOW) == Plan(take=16)
+
+
+def test_queued_batches_are_predicted_at_their_p50_the_chosen_one_at_its_p99() -> None:
+    # p99 of a full batch 4 ms, its median 1.5 ms; the head is due in 2 ms: the largest prefix meeting it
+    # at p99 is 11 (1.97 ms). Behind it 40 requests due in 5 ms.
+    profile = ExecProfile({1: 0.001, 32: 0.004}, seed_p50={1: 0.0005, 32: 0.0015})
+    policy = SLOPolicy(max_batch=32, profile=profile, budget=EXACT)
+    queue = [NOW + 2.0] + [NOW + 5.0] * 40
+    # 11 at p99 (1.97 ms), then 30 at p50 (~1.4 ms): all in time. Summing p99s (1.97 + 3.8 ms) would have
+    # predicted 30 misses and sacrificed the head to a full batch.
+    assert policy.plan(queue, NOW).take == 11
+    assert profile.p50(32) == pytest.approx(0.0015) and profile.p99(32) == pytest.approx(0.004)
+
+
+def test_a_plan_looks_only_at_its_window_of_the_queue() -> None:
+    policy = SLOPolicy(max_batch=8, profile=linear(10.0), budget=EXACT, lookahead=4)
+    assert policy.window == 32
+    plan = policy.plan([NOW + 1] * 1000, NOW)  # hopeless, all of them: only the window's are judged now
+    assert sorted(plan.refuse) == list(range(32)) and plan.take == 0
 
 
 def test_everything_refused_means_nothing_to_take() -> None:
@@ -320,7 +360,7 @@ def test_make_policy_follows_the_node_batching_entry() -> None:
     assert isinstance(make_policy(topology, "b"), LagPolicy)
     fixed = make_policy(topology, "c")
     assert isinstance(fixed, FixedPolicy) and fixed.size == 4
-    assert fixed.next_size(1) == 4 and fixed.next_size(1000) == 4 * 1024  # fetch more, process 4 at a time
+    assert fixed.next_size(1) == 4 and fixed.next_size(10_000) == 4 * 1024  # fetch more, process 4 at a time
     assert plan_with(fixed, [None] * 100, NOW) == Plan(take=4)
     timeout = make_policy(topology, "d")
     assert isinstance(timeout, TimeoutPolicy) and (timeout.max_batch, timeout.max_wait_ms) == (16, 5)
@@ -331,3 +371,16 @@ def test_unknown_batching_policy_is_refused_at_load_time() -> None:
 
     with pytest.raises(TopologyError, match="batching.policy"):
         load_topology_text(CHAIN.replace("policy: lag", "policy: greedy"))
+
+
+def test_p50_comes_from_the_live_window_or_the_seeded_medians_else_the_p99_figure(tmp_path: Path) -> None:
+    profile = ExecProfile({1: 0.004, 8: 0.010}, seed_p50={1: 0.002}, min_live=3)
+    assert profile.p50(1) == pytest.approx(0.002)
+    assert profile.p50(8) == pytest.approx(0.010)  # no median seeded at 8: the p99 figure
+    for seconds in (0.003, 0.003, 0.009):
+        profile.observe(8, seconds)
+    assert profile.p50(8) == pytest.approx(0.003) and profile.p99(8) == pytest.approx(0.00888)
+    path = tmp_path / "m.profile.json"
+    save_profiles(path, {"m": ExecProfile({1: 0.004}, seed_p50={1: 0.002}).to_dict()}, topology="m", device="cpu")
+    loaded = node_profile(load_profiles(path), "m")
+    assert loaded is not None and loaded.seed_p50 == {1: 0.002} and loaded.p50(1) == pytest.approx(0.002)

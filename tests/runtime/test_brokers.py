@@ -35,7 +35,14 @@ async def _create_topic(bootstrap: str, topic: str, partitions: int, replicas: i
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=replicas)])
-        [meta] = await admin.describe_topics([topic])
+        # In a cluster, metadata reaches the other brokers shortly after CreateTopics returns: ask until
+        # the partitions show up (bounded), instead of trusting the first answer.
+        async with asyncio.timeout(30):
+            while True:
+                [meta] = await admin.describe_topics([topic])
+                if len(meta.get("partitions", [])) == partitions:
+                    break
+                await asyncio.sleep(0.1)
     finally:
         await admin.close()
     return sorted(p["partition"] for p in meta["partitions"])
