@@ -89,11 +89,16 @@ class JoinBuffer:
             if d is not None and (tightest is None or d < tightest):
                 tightest = d
                 headers["fs-deadline"] = str(d).encode()
-        return Ready(request_id, tensors or {}, headers, p.partition, error, p.offsets)
+        return Ready(first.request_id, tensors or {}, headers, p.partition, error, p.offsets)
 
-    def add(self, env: Envelope, topic: str, tp: TP, offset: int, now_ms: int) -> Ready | None:
-        """Record one arrival; returns the request when it is ready (or failed) now."""
-        rid = env.request_id
+    def add(self, env: Envelope, topic: str, tp: TP, offset: int, now_ms: int,
+            key: str | None = None) -> Ready | None:
+        """Record one arrival; returns the request when it is ready (or failed) now.
+
+        ``key`` tells visits of one request apart (a cycle brings it back to the same node); it defaults
+        to the request id.
+        """
+        rid = key or env.request_id
         if rid in self._done:
             return None
         p = self._pending.get(rid)

@@ -396,15 +396,20 @@ class StageWorker:
         except WireError as exc:
             await self._dead_letter(rec.key, value, rec.headers, tp[1], source, str(exc))
             return
-        if self._cycles and env.error is None:
-            visits = _visits(env.headers.get(H_VISITS))
-            if visits.get(self.node.id, 0) >= self.topology.spec.max_revisits:
-                await self._emit_error(Ready(env.request_id, {}, env.headers, tp[1]),
-                                       f"node '{self.node.id}' revisited more than "
-                                       f"{self.topology.spec.max_revisits} times")
+        join_key = None
+        if self._cycles:
+            seen = _visits(env.headers.get(H_VISITS)).get(self.node.id, 0)
+            if seen >= self.topology.spec.max_revisits:
+                # An error result that has gone round as often as a request may is dropped, not re-sent:
+                # that is what ends a cycle's error path.
+                if env.error is None:
+                    await self._emit_error(Ready(env.request_id, {}, env.headers, tp[1]),
+                                           f"node '{self.node.id}' revisited more than "
+                                           f"{self.topology.spec.max_revisits} times")
                 return
+            join_key = f"{env.request_id}#{seen}"
         if self.join is not None:
-            ready = self.join.add(env, rec.topic, tp, rec.offset, now)
+            ready = self.join.add(env, rec.topic, tp, rec.offset, now, key=join_key)
             if ready is not None:
                 items.append(_Item(ready))
             return
@@ -634,7 +639,8 @@ class StageWorker:
         """Send an error result downstream (every output port, and the outputs topic) so callers learn."""
         if count:
             self.counters.error_results += 1
-        headers = inherit(r.headers, **{H_ERROR: reason.encode()[:4096], H_NODE: self.node.id.encode()})
+        headers = inherit(r.headers, **{H_ERROR: reason.encode()[:4096], H_NODE: self.node.id.encode(),
+                                        **self._visit_header(r.headers)})
         key = r.request_id.encode()
         for topic in self.node.output_topics.values():
             self.outbox.add(topic, r.partition, key, _EMPTY, headers)
