@@ -6,7 +6,9 @@ their 99th percentile. ``flowserve profile TOPOLOGY`` seeds the profile by sweep
 1, 2, 4, ... offline and saves it beside the topology (``<topology>.profile.json``); the worker loads it
 at start and keeps it live with every batch it runs. Between profiled sizes the prediction is linear;
 beyond the largest it grows with the per-item cost of the largest (pessimistic: batching is sublinear).
-Predictions never decrease with the batch size.
+Predictions never decrease with the batch size: figures that disagree are pooled (weighted isotonic
+regression), so a noisy spike at one size is not carried to every larger one; a size measured fewer than
+``MIN_LIVE`` times live keeps its seeded figure (or none).
 
 **Deadline budget.** A request's remaining time is split between this node and the stages after it:
 first ``hop_ms`` per Kafka hop still ahead (the hops to each downstream stage and to the outputs topic)
@@ -19,11 +21,13 @@ with the largest sum of ``p1``. A node without a profile weighs as much as this 
 (at most ``window`` of them: planning costs O(window) per batch, never O(queue) per request).
 
 * *Admission*: a request is refused at once only when it is infeasible even if it ran next, alone:
-  ``now + p99(1)`` plus the hops and the fastest downstream path ends past its deadline (Clockwork:
-  refuse rather than finish late). Nothing that could still make it is refused on predicted queueing.
+  ``now + p50(1)`` (its typical time alone) plus the hops and the fastest downstream path ends past its
+  deadline (Clockwork: refuse rather than finish late). Nothing that could still make it is refused on
+  predicted queueing.
 * *Batch*: the largest batch ``b``, no larger than what is queued and the node's maximum, whose predicted
   **p99** lets the earliest node-deadline in it be met. When that is smaller than a full batch and more is
-  queued, a full batch is considered too: both are scored by the misses they predict over the window,
+  queued, a full batch is taken when two full batches are queued (a backlog), and otherwise considered:
+  both are scored by the misses they predict over the window,
   the chosen batch at its p99 and the batches queued behind it at their **p50** (summing p99s over
   several batches is far too pessimistic); the full batch wins ties (under load throughput is what
   drains the queue and so helps the later deadlines). Only the first batch runs; the worker re-plans with
@@ -79,6 +83,7 @@ class ExecProfile:
         self.seed_p50: dict[int, float] = _positive(seed_p50)
         self._runs: dict[int, deque[float]] = {}
         self._tables: dict[int, tuple[list[int], list[float]]] = {}
+        self._pct: dict[tuple[int, int], float] = {}  # (size, q) -> percentile of that size's window
         self._lock = threading.Lock()
 
     # -- measurements ----------------------------------------------------------------------------
@@ -93,6 +98,8 @@ class ExecProfile:
                 runs = self._runs[size] = deque(maxlen=self.window)
             runs.append(seconds)
             self._tables = {}
+            self._pct.pop((size, 99), None)
+            self._pct.pop((size, 50), None)
 
     def samples(self, size: int) -> int:
         return len(self._runs.get(size, ()))
@@ -107,15 +114,33 @@ class ExecProfile:
     # -- prediction ------------------------------------------------------------------------------
 
     def known(self, q: int = 99) -> dict[int, float]:
-        """Per batch size, the figure predictions use: the live ``q``-th percentile once it has enough runs,
-        else the seed (for p50: the seeded median, else the p99 figure)."""
-        out = dict(self.seed)
+        """Per batch size, the figure predictions use: the live ``q``-th percentile once it has ``min_live``
+        runs, else the seed (for p50: the seeded median, else the p99 figure). A size seen only a few times
+        live is used only while nothing better is known (one noisy run must not set a figure)."""
+        return {size: v for size, (v, _) in self._figures(q).items()}
+
+    def _figures(self, q: int) -> dict[int, tuple[float, int]]:
+        """size -> (figure, weight): weight = live runs behind it, or ``min_live`` for a seeded figure."""
+        out = {size: (v, self.min_live) for size, v in self.seed.items()}
         if q != 99:
-            out.update(self.seed_p50)
+            out.update({size: (v, self.min_live) for size, v in self.seed_p50.items()})
+        sparse: dict[int, tuple[float, int]] = {}
         for size, runs in list(self._runs.items()):
-            if len(runs) >= self.min_live or size not in out:
-                out[size] = _percentile(list(runs), q)
+            if not runs:
+                continue
+            if len(runs) >= self.min_live:
+                out[size] = (self._percentile_of(size, q, runs), len(runs))
+            elif size not in out:
+                sparse[size] = (self._percentile_of(size, q, runs), len(runs))
+        if not out:
+            return sparse
         return out
+
+    def _percentile_of(self, size: int, q: int, runs: deque[float]) -> float:
+        value = self._pct.get((size, q))
+        if value is None:
+            value = self._pct[(size, q)] = _percentile(list(runs), q)
+        return value
 
     @property
     def ready(self) -> bool:
@@ -126,11 +151,11 @@ class ExecProfile:
         table = self._tables.get(q)
         if table is None:
             with self._lock:
-                known = self.known(q)
-                sizes = sorted(known)
-                values: list[float] = []
-                for s in sizes:  # a larger batch never takes less time than a smaller one
-                    values.append(max(known[s], values[-1] if values else 0.0))
+                figures = self._figures(q)
+                sizes = sorted(figures)
+                # A larger batch never takes less time than a smaller one: where the figures disagree, the
+                # noise is pooled (weighted isotonic regression), not a spike carried to every larger size.
+                values = _isotonic([figures[s][0] for s in sizes], [figures[s][1] for s in sizes])
                 table = self._tables[q] = (sizes, values)
         return table
 
@@ -178,6 +203,21 @@ class ExecProfile:
 
 def _positive(seed: dict[int, float] | None) -> dict[int, float]:
     return {int(k): float(v) for k, v in (seed or {}).items() if v > 0 and int(k) > 0}
+
+
+def _isotonic(values: list[float], weights: list[int]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in weighted least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights, strict=True):
+        blocks.append([v, float(max(w, 1)), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, c2 = blocks.pop()
+            m1, w1, c1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    out: list[float] = []
+    for mean, _, count in blocks:
+        out.extend([mean] * int(count))
+    return out
 
 
 def _bisect(sizes: list[int], size: int) -> int:
@@ -387,10 +427,10 @@ class SLOPolicy:
         window = self.window
         if len(deadlines) > window:
             deadlines = deadlines[:window]
-        p99, p50 = self.profile.p99, self.profile.p50
+        p99 = self.profile.p99
         budget = self.budget
-        p1_ms = (p99(1) or 0.0) * 1000
-        # Admission: refuse only what cannot make it even if it ran next, alone.
+        # Admission: refuse only what cannot make it even if it ran next, alone, in a typical (p50) time.
+        p1_ms = (self.profile.p50(1) or 0.0) * 1000
         hopeless = now_ms + p1_ms + (budget.reserve_s + budget.downstream_s) * 1000
         refuse: dict[int, str] = {}
         local: list[float] = []  # node-deadlines of the requests kept, in FIFO order
@@ -413,7 +453,8 @@ class SLOPolicy:
             if now_ms + (p99(size) or 0.0) * 1000 > earliest:
                 break
             best = size
-        if best < cap and self._misses(local, cap, now_ms) <= self._misses(local, best, now_ms):
+        if best < cap and (n >= 2 * self.max_batch  # a backlog: throughput is what saves the later deadlines
+                           or self._misses(local, cap, now_ms) <= self._misses(local, best, now_ms)):
             best = cap  # a full batch loses no more deadlines and drains the queue faster
         return Plan(take=best, refuse=refuse)
 
@@ -441,6 +482,9 @@ class SLOPolicy:
                 refuse[i] = why
             else:
                 live.append(i)
+        if all(d is None for d in deadlines):
+            # No deadline to protect: take what is queued, as the lag policy does (throughput only).
+            return Plan(take=min(len(live), self.max_batch), refuse=refuse)
         take = min(len(live), self.aimd_size, self.max_batch)
         budgets = [self.budget.node_deadline(d, now_ms) - now_ms
                    for d in (deadlines[i] for i in live[:take]) if d is not None]

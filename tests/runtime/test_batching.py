@@ -64,7 +64,8 @@ def test_interpolates_between_profiled_sizes_and_extrapolates_per_item_beyond() 
 
 def test_predictions_never_fall_with_batch_size() -> None:
     profile = ExecProfile({1: 0.005, 2: 0.003, 4: 0.006})
-    assert profile.p99(2) == pytest.approx(0.005)
+    # figures that disagree are pooled (isotonic regression), not the larger one carried upwards
+    assert profile.p99(1) == profile.p99(2) == pytest.approx(0.004)
     assert [profile.p99(s) for s in (1, 2, 3, 4)] == sorted(profile.p99(s) for s in (1, 2, 3, 4))
 
 
@@ -205,6 +206,10 @@ def test_grows_to_a_full_batch_when_the_queue_behind_would_lose_more() -> None:
     assert policy.plan(queue, NOW) == Plan(take=32)
     # with a short queue behind, the tight ones are saved by the smaller batch
     assert policy.plan(queue[:20], NOW) == Plan(take=16)
+    # two full batches queued (a backlog) always take a full batch, even where the estimate says otherwise
+    tight = [NOW + 1.5] * 20 + [NOW + 100] * 12
+    assert policy.plan(tight, NOW) == Plan(take=16)
+    assert policy.plan(tight + [NOW + 100] * 32, NOW) == Plan(take=32)
 
 
 def test_queued_batches_are_predicted_at_their_p50_the_chosen_one_at_its_p99() -> None:
@@ -384,3 +389,32 @@ def test_p50_comes_from_the_live_window_or_the_seeded_medians_else_the_p99_figur
     save_profiles(path, {"m": ExecProfile({1: 0.004}, seed_p50={1: 0.002}).to_dict()}, topology="m", device="cpu")
     loaded = node_profile(load_profiles(path), "m")
     assert loaded is not None and loaded.seed_p50 == {1: 0.002} and loaded.p50(1) == pytest.approx(0.002)
+
+
+def test_a_noisy_spike_at_one_size_is_not_carried_to_every_larger_size() -> None:
+    profile = ExecProfile({1: 0.002, 32: 0.008}, min_live=10)
+    for _ in range(10):
+        profile.observe(7, 0.040)  # a burst of contention while size 7 ran
+    for _ in range(40):
+        profile.observe(32, 0.008)
+    assert profile.p99(32) == pytest.approx((0.008 * 40 + 0.040 * 10) / 50)  # pooled, weighted by runs
+    assert profile.p99(32) < 0.015
+    profile.observe(9, 0.500)  # a size seen once live does not set a figure while better ones exist
+    assert profile.p99(9) < 0.015
+
+
+def test_admission_uses_the_typical_batch_one_time() -> None:
+    # batch 1: p99 20 ms, median 2 ms; a request due in 10 ms could still make it when run next: admitted
+    profile = ExecProfile({1: 0.020, 8: 0.030}, seed_p50={1: 0.002, 8: 0.005})
+    policy = SLOPolicy(max_batch=8, profile=profile, budget=EXACT)
+    assert policy.plan([NOW + 10], NOW) == Plan(take=1)
+    assert list(policy.plan([NOW + 1.5], NOW).refuse) == [0]
+
+
+def test_without_deadlines_aimd_takes_what_is_queued() -> None:
+    from flowserve.runtime.batching import SLOPolicy
+
+    policy = SLOPolicy(max_batch=64)
+    plan = policy.plan([None] * 100, 0.0)
+    assert plan.take == 64 and not plan.refuse
+    assert policy.plan([None] * 10, 0.0).take == 10
