@@ -138,6 +138,7 @@ class StageWorker:
         self._topic_sources = {s.topic for ss in self.node.bindings.values() for s in ss}
         self._inputs_topic = topology.inputs_topic
         self._replies_prefix = topology.replies_prefix
+        self._outputs_topic = topology.outputs_topic
         self._cycles = topology.spec.allow_cycles
         # Columnar intake applies to plain nodes: one input port fed by one topic, no join, no cycles.
         self._columnar: tuple[str, str] | None = None
@@ -618,7 +619,7 @@ class StageWorker:
             topic = route.decode("utf-8", "replace")
             if topic.startswith(self._replies_prefix):
                 return topic
-        return self.topology.outputs_topic
+        return self._outputs_topic
 
     def _encode_outputs(self, r: Ready, out: dict[str, np.ndarray]) -> bytes:
         if r.headers.get(H_FORMAT) == b"json":
