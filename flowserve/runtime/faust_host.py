@@ -90,7 +90,6 @@ def make_app(topology: Topology, node_id: str, kafka: KafkaSettings, settings: W
             if "worker" in holder:
                 handle_command(holder["worker"], command, app, since_ms=started_ms)
 
-    app.flowserve_workers = holder  # type: ignore[attr-defined]  # for tests and introspection
     return app
 
 
