@@ -1,7 +1,7 @@
 """Intermediate data: capture policy, ``inspect``, lineage with OpenTelemetry spans, drift state.
 
 Every edge of a topology is a Kafka topic, so the intermediate data of every request already exists;
-this package decides what else to keep (``capture:`` in the YAML), records per-request lineage and
+this package decides what else to keep (``capture:`` in the YAML), records lineage (one record per batch) and
 trace spans as stages run, and reads it all back (``flowserve inspect``, ``lineage``, ``drift``).
 Heavy dependencies (the OpenTelemetry SDK, alibi-detect) are imported only when used.
 """

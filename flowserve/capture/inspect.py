@@ -22,6 +22,8 @@ from flowserve.errors import FlowserveError
 from flowserve.runtime.settings import KafkaSettings
 
 SPECIAL = ("inputs", "outputs", "deadletter", "lineage", "drift")
+#: topics of a topology that are not edges: skipped by ``inspect TOPOLOGY`` (name them to read them).
+HIDDEN = ("metrics", "control")
 _FIRST = 6
 
 
@@ -52,9 +54,11 @@ async def target_topics(reader: Reader, target: str, prefix: str = "fs") -> list
     if len(rest) > 2:
         raise FlowserveError(f"inspect target '{target}' must be TOPOLOGY[.NODE[.PORT]]")
     existing = await reader.topics(base + ".")
+    hidden = {f"{base}.{name}" for name in HIDDEN}
     if not rest:
-        topics = [t for t in existing if not t.startswith(f"{base}.replies.")]
-    elif len(rest) == 1 and rest[0] in SPECIAL:
+        # Reply routes, worker metrics snapshots and operator commands are not edges of the graph.
+        topics = [t for t in existing if not t.startswith(f"{base}.replies.") and t not in hidden]
+    elif len(rest) == 1 and rest[0] in (*SPECIAL, *HIDDEN):
         topics = [f"{base}.{rest[0]}"] if f"{base}.{rest[0]}" in existing else []
     elif len(rest) == 1:
         topics = [t for t in existing if t.startswith(f"{base}.{rest[0]}.")]

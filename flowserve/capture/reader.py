@@ -106,9 +106,19 @@ class Reader:
         from flowserve.runtime.kafka import describe_partitions
 
         wanted = list(dict.fromkeys(topics))
-        known = await self._consumer.topics()
-        # The consumer's own metadata may not list a topic yet; the admin client's answer is authoritative.
-        counts = await describe_partitions(self.kafka, [t for t in wanted if t in known]) if wanted else {}
+        if not wanted:
+            return []
+        # The consumer's metadata can lag a topic's creation (``partitions_for_topic`` None after
+        # ``topics()``); the admin client's answer is authoritative. A topic that exists but has no
+        # partition leaders yet is asked again, a bounded number of times.
+        known = set(await self._consumer.topics())
+        present = [t for t in wanted if t in known]
+        counts: dict[str, int] = {}
+        for attempt in range(10):
+            counts.update(await describe_partitions(self.kafka, [t for t in present if not counts.get(t)]))
+            if all(counts.get(t) for t in present):
+                break
+            await asyncio.sleep(0.05 * (attempt + 1))  # metadata propagation, not synchronisation of results
         return [TopicPartition(t, p) for t in wanted for p in range(counts.get(t, 0))]
 
     async def read(self, topics: Iterable[str], *, key: str | None = None, last: int | None = None,

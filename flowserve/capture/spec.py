@@ -5,7 +5,7 @@ Without a ``capture:`` section nothing extra is written. With one::
     capture:
       sample: 0.1              # fraction of requests, chosen by a hash of the request id (same at every node)
       ports: [post.probs]      # also give these ports a topic when no node reads them ("node.*", "*")
-      lineage: true            # per-request lineage records to <prefix>.<topology>.lineage
+      lineage: true            # lineage records (one per batch) to <prefix>.<topology>.lineage
       tracing: true            # OpenTelemetry spans per batch and per request
       retention_ms: 86400000   # retention.ms of the topics capture reads, set when they are created
       nodes:                   # per-node overrides

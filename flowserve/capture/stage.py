@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import time
 import zlib
 from collections.abc import Mapping, Sequence
@@ -31,6 +32,7 @@ from flowserve.wire.envelope import H_NODE, H_TRACEPARENT, inherit
 from flowserve.wire.tensors import encode_tensors
 
 if TYPE_CHECKING:
+    from flowserve.runtime.settings import WorkerSettings
     from flowserve.runtime.worker import StageWorker
 
 log = logging.getLogger("flowserve.capture")
@@ -299,6 +301,41 @@ class StageCapture:
             self.worker.outbox.add(self.side_topic, zlib.crc32(key.encode()) % partitions, key.encode(), value,
                                    [(H_NODE, self.node.id.encode())])
             self.reports += 1
+
+
+#: how a side-branch worker process (a drift detector) yields to the critical path's processes.
+SIDE_NICE = 10
+SIDE_FETCH_WAIT_MS = 250
+SIDE_POLL_MS = 500
+SIDE_FETCH_MIN_BYTES = 64 * 1024
+
+
+def side_branch_process(component: Any, settings: WorkerSettings) -> WorkerSettings:
+    """Settings for a worker process of its own; for a side branch (a component with ``side_output``,
+    e.g. a drift detector) also lower the process's OS priority and its thread pools.
+
+    A side branch must never delay the critical path: it runs at ``os.nice(SIDE_NICE)`` (the scheduler
+    gives the stages of the critical path the CPU first), with one BLAS/OpenMP/torch/numba thread, and
+    fetches with a long broker wait so it wakes rarely and takes large batches (its windows are tested
+    together, per batch). Call it only in a process that runs this worker alone (``flowserve worker``):
+    niceness is per process and cannot be raised back. The broker holds each of its fetches until
+    ``SIDE_FETCH_MIN_BYTES`` arrived or the wait passed, so the detector (and the broker serving it)
+    wakes a few times a second instead of once per record.
+    """
+    if not getattr(component, "side_output", None):
+        return settings
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    torch = sys.modules.get("torch")  # already imported with the topology's components: too late for the env
+    if torch is not None:
+        torch.set_num_threads(1)
+    try:
+        os.nice(int(getattr(component, "nice", SIDE_NICE)))
+    except (OSError, AttributeError) as exc:  # not permitted, or no os.nice on this platform
+        log.warning("node %s: cannot lower its priority: %s", getattr(component, "node", "?"), exc)
+    return settings.model_copy(update={"fetch_max_wait_ms": max(settings.fetch_max_wait_ms, SIDE_FETCH_WAIT_MS),
+                                       "poll_timeout_ms": max(settings.poll_timeout_ms, SIDE_POLL_MS),
+                                       "fetch_min_bytes": max(settings.fetch_min_bytes, SIDE_FETCH_MIN_BYTES)})
 
 
 def _jsonable(value: Any) -> Any:

@@ -66,7 +66,7 @@ def _json_exporter() -> Any:
             self.path = path
 
         def export(self, spans: Sequence[Any]) -> SpanExportResult:
-            lines = [json.dumps(span_dict(s), separators=(",", ":")) for s in spans]
+            lines = [span_line(s) for s in spans]
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 with self.path.open("a") as fh:
@@ -215,6 +215,21 @@ def _load_api() -> Any:
 
     _api = opentelemetry.trace
     return _api
+
+
+_dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
+
+
+def span_line(span: Any) -> str:
+    """:func:`span_dict` as one line of JSON, built directly (the exporter thread's cost, per span)."""
+    ctx, parent, links = span.context, span.parent, span.links
+    parent_id = f'"{parent.span_id:016x}"' if parent is not None else "null"
+    link_text = ",".join(f'{{"trace_id":"{lk.context.trace_id:032x}","span_id":"{lk.context.span_id:016x}"}}'
+                         for lk in links) if links else ""
+    return (f'{{"name":{_dumps(span.name)},"trace_id":"{ctx.trace_id:032x}","span_id":"{ctx.span_id:016x}",'
+            f'"parent_id":{parent_id},"start_ns":{span.start_time},"end_ns":{span.end_time},'
+            f'"status":"{span.status.status_code.name}","attributes":{_dumps(dict(span.attributes or {}))},'
+            f'"links":[{link_text}]}}')
 
 
 def span_dict(span: Any) -> dict[str, Any]:

@@ -27,6 +27,7 @@ def make_consumer(kafka: KafkaSettings, worker: WorkerSettings, *, group_id: str
         enable_auto_commit=False,
         auto_offset_reset=worker.auto_offset_reset,
         fetch_max_wait_ms=worker.fetch_max_wait_ms,
+        fetch_min_bytes=worker.fetch_min_bytes,
         max_partition_fetch_bytes=max(worker.max_partition_fetch_bytes, max_message_bytes + _OVERHEAD),
         session_timeout_ms=worker.session_timeout_ms,
         heartbeat_interval_ms=worker.heartbeat_interval_ms,

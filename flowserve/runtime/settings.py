@@ -63,6 +63,7 @@ class WorkerSettings(BaseModel):
 
     fetch_max_wait_ms: int = Field(5, ge=0, description="broker long-poll; small keeps latency low")
     poll_timeout_ms: int = Field(100, ge=1, description="how long one fetch waits for records")
+    fetch_min_bytes: int = Field(1, ge=1, description="broker holds a fetch until this many bytes (or the wait)")
     session_timeout_ms: int = Field(6_000, ge=1000, description="embedded broker: a group join takes half of this")
     heartbeat_interval_ms: int = Field(1000, ge=100)
     rebalance_timeout_ms: int = Field(10_000, ge=1000, description="max time between polls in a group")

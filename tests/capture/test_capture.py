@@ -14,7 +14,7 @@ import yaml
 from flowserve.capture import sample_point, tracing
 from flowserve.capture.drift import drift_state
 from flowserve.capture.inspect import inspect_records
-from flowserve.capture.lineage import lineage
+from flowserve.capture.lineage import expand, lineage
 from flowserve.client import TopologyClient
 from flowserve.runtime.host import InlineHost
 from flowserve.runtime.traffic import wait_ready
@@ -77,11 +77,18 @@ async def test_sampling_picks_the_same_requests_at_every_node(kafka, unique_name
     captured = await inspect_records(kafka, f"{unique_name}.b.x", last=1000)
     assert {r.key for r in captured} & set(xs) == expected
     lineage_records = await inspect_records(kafka, f"{unique_name}.lineage", last=1000)
-    per_node: dict[str, set[str]] = {}
-    for r in lineage_records:
-        if r.key in xs:
-            per_node.setdefault(r.body["node"], set()).add(r.key)
-    assert per_node == {"a": expected, "b": expected}
+    per_node: dict[str, list[str]] = {}
+    batches: set[str] = set()
+    for r in lineage_records:  # one record per batch (key: batch id), listing its sampled requests
+        assert r.body["v"] == 2 and r.key == r.body["batch"]["id"] not in batches
+        batches.add(r.key)
+        steps = expand(r.body)
+        assert 1 <= len(steps) <= r.body["batch"]["size"]
+        for step in steps:
+            assert step["batch"]["id"] == r.key
+            if step["request_id"] in xs:  # not wait_ready's probes
+                per_node.setdefault(step["node"], []).append(step["request_id"])
+    assert {n: sorted(rids) for n, rids in per_node.items()} == {"a": sorted(expected), "b": sorted(expected)}
 
 
 def test_capture_off_writes_nothing_extra() -> None:
