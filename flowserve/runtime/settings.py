@@ -70,6 +70,7 @@ class WorkerSettings(BaseModel):
     max_partition_fetch_bytes: int = Field(4 * 1_048_576, ge=1024)
     producer_batch_bytes: int = Field(1_048_576, ge=16_384)
     acks: Literal[0, 1, "all"] = "all"
+    commit_interval_ms: int = Field(100, ge=0, description="under load, commit at most this often (0: every batch)")
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     stats_interval_s: float = Field(0.0, ge=0, description="log counters this often (0: only at exit)")
     metrics_interval_s: float = Field(2.0, ge=0, description="publish a metrics snapshot this often (0: never)")

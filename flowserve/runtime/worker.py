@@ -152,6 +152,8 @@ class StageWorker:
         self.paused = False
         self._seen: dict[TP, int] = {}
         self._inflight: tuple[list[Any], dict[TopicPartition, int]] | None = None
+        self._uncommitted: dict[TopicPartition, int] = {}
+        self._last_commit = 0.0
         self.consumer = make_consumer(kafka, self.settings, group_id=topology.group_id(node_id),
                                       max_message_bytes=self.max_bytes, client_id=f"fs-{node_id}")
         self.producer = make_producer(kafka, self.settings, max_message_bytes=self.max_bytes,
@@ -329,19 +331,36 @@ class StageWorker:
             if fetched:
                 self._inflight = (futures, offsets)
             else:
-                await self._settle(futures, offsets)
+                await self._settle(futures, offsets, force=True)
+        elif not fetched and self._uncommitted:
+            await self._commit_pending()  # idle: do not leave acknowledged work uncommitted
 
     async def drain(self) -> None:
-        """Wait for the batch in flight to be acknowledged and commit it."""
+        """Wait for the batch in flight to be acknowledged and commit everything acknowledged."""
         previous, self._inflight = self._inflight, None
         if previous is not None:
-            await self._settle(*previous)
+            await self._settle(*previous, force=True)
+        if self._uncommitted:
+            await self._commit_pending()
 
-    async def _settle(self, futures: list[Any], offsets: dict[TopicPartition, int]) -> None:
+    async def _settle(self, futures: list[Any], offsets: dict[TopicPartition, int], *, force: bool = False) -> None:
+        """Wait for a batch's acknowledgements; its offsets become committable only then.
+
+        Under load, commits go out at most every ``commit_interval_ms`` (one broker round trip each), not
+        after every batch; idle, rebalance and shutdown commit at once. A crash replays at most that much.
+        """
         if futures:
             await asyncio.gather(*futures)
-        if offsets:
-            await self._commit(offsets)
+        self._uncommitted.update(offsets)
+        if self._uncommitted and (
+            force or time.monotonic() - self._last_commit >= self.settings.commit_interval_ms / 1000
+        ):
+            await self._commit_pending()
+
+    async def _commit_pending(self) -> None:
+        offsets, self._uncommitted = self._uncommitted, {}
+        self._last_commit = time.monotonic()
+        await self._commit(offsets)
 
     def _offsets(self, handled: dict[TP, int]) -> dict[TopicPartition, int]:
         oldest = self.join.oldest_offsets() if self.join is not None else {}
