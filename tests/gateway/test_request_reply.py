@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import numpy as np
 import pytest
@@ -50,16 +49,16 @@ async def test_deadline_is_504_at_the_deadline_and_not_ready_without_workers(bro
         assert ready.status == 503 and "stage(s) a have no live worker" in ready.error
         model_ready = await client.get(f"/v2/models/{topology.name}/ready")
         assert model_ready.status == 503
-        t0 = time.monotonic()
-        by_param, by_header = await asyncio.gather(
-            client.infer(topology.name, X, parameters={"timeout_ms": 300}),
-            client.infer(topology.name, X, headers={"X-Timeout-Ms": "300"}),
-        )
-        elapsed = time.monotonic() - t0
+        # No worker will ever answer: the 504 must come from the gateway's own deadline timer. The outer
+        # timeout only turns a hang into a failure; it asserts nothing about how fast the answer was.
+        async with asyncio.timeout(20):
+            by_param, by_header = await asyncio.gather(
+                client.infer(topology.name, X, parameters={"timeout_ms": 300}),
+                client.infer(topology.name, X, headers={"X-Timeout-Ms": "300"}),
+            )
         for reply in (by_param, by_header):
             assert reply.status == 504
             assert "got no reply within its deadline of 300 ms" in reply.error
-        assert elapsed < 20  # a hang guard only: the gateway answers at the deadline, not when workers come
         assert gateway.bridge.counters.timeouts == 2 and gateway.bridge.in_flight() == 0
 
 
