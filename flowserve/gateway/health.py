@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import IncompatibleBrokerVersion
+from aiokafka.errors import GroupCoordinatorNotAvailableError, IncompatibleBrokerVersion
 from aiokafka.protocol.admin import (
     DescribeGroupsRequest_v0,
     DescribeGroupsRequest_v1,
@@ -109,7 +109,13 @@ class ReadinessProbe:
         members: dict[str, int] = {}
         by_node: dict[int, list[str]] = {}
         for group in groups:
-            by_node.setdefault(await admin.find_coordinator(group), []).append(group)
+            try:
+                coordinator = await admin.find_coordinator(group)
+            except GroupCoordinatorNotAvailableError:
+                # No coordinator yet (a fresh cluster still creating its offsets topic): no worker has
+                # joined this group, which is what "not ready" reports below.
+                continue
+            by_node.setdefault(coordinator, []).append(group)
         try:
             for node_id, ids in by_node.items():
                 response = await admin._client.send(node_id, _DescribeGroups(ids))
