@@ -140,6 +140,13 @@ def build_request(tensors: Mapping[str, np.ndarray], *, request_id: str | None =
                                     "Inference-Header-Content-Length": str(len(head))}
 
 
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise FlowserveError(f"url {url!r} must look like http://host:port")
+    return parts.hostname, parts.port or 80
+
+
 def _infer_path(model: str, version: str | None) -> str:
     return f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
 
@@ -148,10 +155,7 @@ class HttpClient:
     """Synchronous V2 client over one keep-alive connection (not thread-safe: one per thread)."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 60.0) -> None:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise FlowserveError(f"url {url!r} must look like http://host:port")
-        self.host, self.port = parts.hostname, parts.port or 80
+        self.host, self.port = _host_port(url)
         self.timeout_s = timeout_s
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._conn: http.client.HTTPConnection | None = None
@@ -200,10 +204,7 @@ class AsyncHttpClient:
     """Asynchronous V2 client: a pool of keep-alive connections, one request per connection at a time."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 60.0) -> None:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise FlowserveError(f"url {url!r} must look like http://host:port")
-        self.host, self.port = parts.hostname, parts.port or 80
+        self.host, self.port = _host_port(url)
         self.timeout_s = timeout_s
         self._auth = f"Authorization: Bearer {token}\r\n" if token else ""
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowserve.errors import FlowserveError
 from flowserve.runtime.policy import BatchPolicy, FixedPolicy, LagPolicy, Plan
+from flowserve.wire.envelope import deadline_of  # re-exported: batching callers read deadlines
 
 if TYPE_CHECKING:
     from flowserve.topology.graph import Topology
@@ -539,16 +540,6 @@ def load_node_profiles(topology: Topology) -> dict[str, ExecProfile | None]:
     """Every node's seeded profile from the file beside the topology ({} when there is none)."""
     entries = load_profiles(profile_path(topology.source)) if topology.source else {}
     return {n: node_profile(entries, n) for n in topology.nodes}
-
-
-def deadline_of(raw: bytes | None) -> int | None:
-    """The ``fs-deadline`` header as epoch ms; None when absent or unreadable (never raises)."""
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        return None
 
 
 _DEVICE_LOCKS: dict[str, threading.Lock] = {}

@@ -24,7 +24,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from flowserve.capture.stage import StageCapture
 from flowserve.component import Batch, Component, Result
 from flowserve.errors import FlowserveError, WireError
-from flowserve.runtime.batching import ExecProfile, deadline_of, describe, device_lock, load_node_profiles, make_policy
+from flowserve.runtime.batching import ExecProfile, describe, device_lock, load_node_profiles, make_policy
 from flowserve.runtime.emit import Counters, Emitter, _Item, _visits
 from flowserve.runtime.fastpath import decode_column
 from flowserve.runtime.join import TP, JoinBuffer, Ready
@@ -39,6 +39,7 @@ from flowserve.wire.envelope import (
     H_ERROR,
     H_ID,
     H_VISITS,
+    deadline_of,
     decode_record,
     now_ms,
 )

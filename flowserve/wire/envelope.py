@@ -50,13 +50,7 @@ class Envelope:
 
     @property
     def deadline_ms(self) -> int | None:
-        raw = self.headers.get(H_DEADLINE)
-        if raw is None:
-            return None
-        try:
-            return int(raw)
-        except ValueError:
-            return None
+        return deadline_of(self.headers.get(H_DEADLINE))
 
     @property
     def error(self) -> str | None:
@@ -66,6 +60,16 @@ class Envelope:
     def expired(self, at_ms: int | None = None) -> bool:
         deadline = self.deadline_ms
         return deadline is not None and (at_ms if at_ms is not None else now_ms()) > deadline
+
+
+def deadline_of(raw: bytes | None) -> int | None:
+    """The ``fs-deadline`` header as epoch ms; None when absent or unreadable (never raises)."""
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
 
 
 def inherit(headers: Mapping[str, bytes], **extra: bytes) -> Headers:
