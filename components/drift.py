@@ -20,13 +20,23 @@ Windows close by count (``window`` rows) or by time (``window_s``; the first arr
 time closes it). Reference data: a ``.npy`` file or ``module:function``, else the first
 ``reference_size`` rows seen (per context). ``context_header`` (e.g. ``x-client``) keeps one reference and
 window per value of that request header. alibi-detect is imported in ``setup`` (it takes seconds).
+
+A detector never delays the critical path: ``process`` only files rows into windows; each closed
+window is tested on the detector's own thread (one, so windows are tested in order; torch limited to
+``threads``), and its result is written with a later batch. A backlog is bounded: a batch holding more
+than ``catch_up_windows`` full windows is tested on its most recent ones only, and at most
+``max_pending`` windows wait for the test thread; what is skipped is counted (``rows_skipped`` in the
+next report). Its worker process also runs at a lower OS priority (``flowserve.capture.stage.worker_process``).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -54,6 +64,13 @@ class DriftParams(BaseModel):
     n_permutations: int = Field(100, ge=10, le=10_000, description="mmd: permutations of the test")
     categories: int | None = Field(None, ge=2, description="chi2: number of categories (default: from data)")
     seed: int = 0
+    catch_up_windows: int = Field(
+        4, ge=0, description="a batch holding more full windows than this (a backlog: the detector started late or "
+        "fell behind) is tested on its most recent ones only; the older rows are skipped and counted (0: test all)")
+    max_pending: int = Field(
+        8, ge=0, description="windows waiting for the test thread at most; a window closed beyond that is skipped "
+        "and counted (0: test every window in process, on the calling thread)")
+    threads: int = Field(1, ge=1, le=64, description="mmd: torch threads of the test")
 
 
 class CategoricalParams(DriftParams):
@@ -72,6 +89,7 @@ class _State:
     window_start_ms: int = 0
     windows: int = 0
     drifts: int = 0
+    skipped: int = 0  # rows not tested (backlog bounds), reported with the next window
 
 
 class _Detector(Component):
@@ -79,7 +97,7 @@ class _Detector(Component):
 
     Params: ClassVar[type[BaseModel]] = DriftParams
     max_batch: ClassVar[int] = 4096
-    offload: ClassVar[bool] = True  # tests run in a thread; the worker keeps fetching
+    offload: ClassVar[bool] = False  # process() only files rows; the tests run on the detector's own thread
     side_output: ClassVar[str] = "drift"
     methods: ClassVar[tuple[str, ...]] = ("ks", "mmd", "chi2")
     params: DriftParams
@@ -95,7 +113,10 @@ class _Detector(Component):
         #: per request of the current batch, the value of ``context_header`` (set by the worker).
         self.contexts: list[bytes | None] | None = None
         self._states: dict[str | None, _State] = {}
-        self._reports: list[dict[str, Any]] = []
+        self._reports: deque[dict[str, Any]] = deque()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending = 0
+        self._idle = threading.Condition()
         self._cd: Any = None
         self._file_reference: np.ndarray | None = None
 
@@ -109,8 +130,22 @@ class _Detector(Component):
                                  f"(pip install 'flowserve[drift]'): {exc}") from None
         if self.params.reference is not None:
             self._file_reference = self.transform(load_reference(self.params.reference))
+        if self.params.method == "mmd":
+            import torch
+
+            torch.set_num_threads(self.params.threads)
+        if self.params.max_pending:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"drift-{self.node}")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every closed window has been tested (tests, shutdown); False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
         for ctx, s in self._states.items():
             log.info("drift %s context %s: %d windows, %d with drift", self.node, ctx, s.windows, s.drifts)
 
@@ -159,6 +194,13 @@ class _Detector(Component):
                 s.detector = self._build(np.concatenate(s.reference))
                 s.reference = []
                 s.window_start_ms = now
+        window, bound = self.params.window, self.params.catch_up_windows
+        if self.params.window_s is None and bound and len(rows) > (bound + 1) * window:
+            # a backlog: keep the open window's fill-up and the last `bound` full windows
+            fill = (window - s.window_rows) % window
+            keep = fill + bound * window
+            s.skipped += len(rows) - keep
+            rows = np.concatenate([rows[:fill], rows[len(rows) - bound * window:]]) if fill else rows[-keep:]
         while len(rows):
             if self.params.window_s is None:
                 take = self.params.window - s.window_rows
@@ -192,7 +234,29 @@ class _Detector(Component):
                                        categories_per_feature={i: k for i in range(ref.shape[1])})
 
     def _close(self, ctx: str | None, s: _State, now: int) -> None:
-        window = np.concatenate(s.window)
+        window, start_ms, skipped = np.concatenate(s.window), s.window_start_ms, s.skipped
+        s.window, s.window_rows, s.window_start_ms, s.skipped = [], 0, now, 0
+        if self._pool is None:
+            self._test(ctx, s, window, start_ms, now, skipped)
+            return
+        with self._idle:
+            if self._pending >= self.params.max_pending:  # the test thread is behind: skip this window
+                s.skipped += skipped + len(window)
+                return
+            self._pending += 1
+        self._pool.submit(self._tested, ctx, s, window, start_ms, now, skipped)
+
+    def _tested(self, *args: Any) -> None:
+        try:
+            self._test(*args)
+        except Exception:  # noqa: BLE001 - a failed test must not stop the detector
+            log.exception("drift %s: window test failed", self.node)
+        finally:
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+
+    def _test(self, ctx: str | None, s: _State, window: np.ndarray, start_ms: int, now: int, skipped: int) -> None:
         p = self.params
         if p.method == "mmd":
             import torch
@@ -217,14 +281,15 @@ class _Detector(Component):
             "p_val": float(np.nanmin(pvals)) if pvals.size else None, "threshold": threshold,
             "distance": float(np.nanmax(distance)) if distance.size else None,
             "features_drifted": int((pvals < threshold).sum()) if pvals.size > 1 else int(is_drift),
-            "window_start_ms": s.window_start_ms, "window_end_ms": now,
+            "window_start_ms": start_ms, "window_end_ms": now, "rows_skipped": skipped,
             "windows_total": s.windows, "drift_windows_total": s.drifts,
         })
-        s.window, s.window_rows, s.window_start_ms = [], 0, now
 
     def drain_reports(self) -> list[dict[str, Any]]:
         """The results of windows closed since the last call (the worker writes them to the drift topic)."""
-        out, self._reports = self._reports, []
+        out = []
+        while self._reports:
+            out.append(self._reports.popleft())
         return out
 
     def state(self) -> dict[str | None, dict[str, int]]:

@@ -110,9 +110,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
                              f"(nodes: {', '.join(topology.nodes)})")
 
     settings = WorkerSettings(stats_interval_s=args.stats_interval)
-    from flowserve.capture.stage import side_branch_process
+    from flowserve.capture.stage import worker_process
 
-    settings = side_branch_process(topology.nodes[args.node].component, settings)  # detectors yield the CPU
+    settings = worker_process(topology, args.node, settings)  # OS priority: side branches yield the CPU
     if args.host == "faust":
         from flowserve.runtime.faust_host import run_worker
 

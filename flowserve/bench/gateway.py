@@ -1,11 +1,14 @@
-"""The V2 HTTP gateway vs the async Kafka path, closed loop, on the digits topology.
+"""The V2 HTTP gateway vs the async Kafka path, closed loop, on the digits pipeline deployed two ways.
 
-Layout (all on this machine, each in its own process): the broker; the digits workers
+Layout (all on this machine, each in its own process): the broker; the topology's workers
 (:class:`~flowserve.runtime.host.ProcessHost`, one process per node); the gateway
 (``flowserve gateway``, its own process); this process as the load generator. For each concurrency
 level, ``C`` lanes each send a request and wait for its answer, for ``seconds``: first over HTTP through
 the gateway, then straight to Kafka with :class:`~flowserve.client.TopologyClient` (the async path).
 Throughput and latency p50/p99 per level, and the ratio gateway/async.
+
+Two topologies, one after the other: ``digits`` (three worker processes, four Kafka crossings per
+request) and ``digits-fused`` (the same three components fused into one worker: two crossings).
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from flowserve.runtime.traffic import load_sampler, wait_ready
 from flowserve.topology import load_topology
 
 LEVELS = (1, 8, 32, 128)
-TOPOLOGY = Path(__file__).resolve().parents[2] / "topologies" / "digits.yaml"
+_TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
+#: the digits pipeline as three worker processes, and the same pipeline fused into one (``fuse:``).
+TOPOLOGIES = (_TOPOLOGIES / "digits.yaml", _TOPOLOGIES / "digits-fused.yaml")
 
 
 def _stats(latencies: list[float], seconds: float, errors: int) -> dict[str, float]:
@@ -60,8 +65,8 @@ async def _closed_loop(call: Any, concurrency: int, seconds: float, n_inputs: in
     return _stats(latencies, time.perf_counter() - t0, errors)
 
 
-def _start_gateway(kafka: KafkaSettings) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "flowserve", "gateway", str(TOPOLOGY), "--broker",
+def _start_gateway(kafka: KafkaSettings, path: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "flowserve", "gateway", str(path), "--broker",
                              kafka.bootstrap, "--port", "0"], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
@@ -71,39 +76,52 @@ def _start_gateway(kafka: KafkaSettings) -> tuple[subprocess.Popen[str], str]:
     return proc, url
 
 
-async def _wait_http_ready(client: AsyncHttpClient, body: bytes, timeout_s: float = 120.0) -> None:
+async def _wait_http_ready(client: AsyncHttpClient, infer: str, body: bytes, timeout_s: float = 120.0) -> None:
     deadline = time.perf_counter() + timeout_s
     while time.perf_counter() < deadline:
         ready = await client.get("/v2/health/ready")
         if ready.status == 200:
-            reply = await client.request("POST", "/v2/models/digits/infer", body)
+            reply = await client.request("POST", infer, body)
             if reply.status == 200:
                 return
         await asyncio.sleep(0.2)
     raise RuntimeError("the gateway did not become ready")
 
 
-async def gateway_bench(kafka: KafkaSettings, seconds: float = 5.0,
-                        levels: tuple[int, ...] = LEVELS) -> dict[str, Any]:
-    topology = load_topology(TOPOLOGY)
+async def gateway_bench(kafka: KafkaSettings, seconds: float = 5.0, levels: tuple[int, ...] = LEVELS,
+                        topologies: tuple[Path, ...] = TOPOLOGIES) -> dict[str, Any]:
+    """Each topology in turn: its workers, a gateway, then every level over HTTP and over Kafka."""
+    runs: dict[str, Any] = {}
+    for path in topologies:
+        runs[path.stem] = await _bench_topology(kafka, path, seconds, levels)
+    for name, run in runs.items():
+        for lvl, r in run["gateway_over_async"].items():
+            console.print(f"  {name:<13} c={lvl:<4} gateway {run['gateway'][lvl]['rps']:>6.0f} req/s"
+                          f" p99 {run['gateway'][lvl]['p99_ms']:5.1f} ms  gateway/async {r:.2f}")
+    return {"workload": "gateway", "workers": "processes", "seconds_per_level": seconds, "topologies": runs}
+
+
+async def _bench_topology(kafka: KafkaSettings, path: Path, seconds: float,
+                          levels: tuple[int, ...]) -> dict[str, Any]:
+    topology = load_topology(path)
     for node in topology.nodes.values():
         node.component.prepare()
     inputs, _ = load_sampler(topology)(256)
     bodies = [build_request(x)[0] for x in inputs]
+    infer = f"/v2/models/{topology.name}/infer"
     await create_topology_topics(topology, kafka)
-    host = ProcessHost(TOPOLOGY, topology, kafka)
+    host = ProcessHost(path, topology, kafka)
     host.start_processes()
-    gateway, url = _start_gateway(kafka)
+    gateway, url = _start_gateway(kafka, path)
     results: dict[str, dict[str, dict[str, float]]] = {"gateway": {}, "async": {}}
     try:
         async with AsyncHttpClient(url) as http, TopologyClient(topology, kafka) as client:
-            console.print(f"gateway at {url}; waiting for the digits workers…")
-            await _wait_http_ready(http, bodies[0])
+            console.print(f"{topology.name}: {len(topology.nodes)} worker process(es), gateway at {url}; waiting…")
+            await _wait_http_ready(http, infer, bodies[0])
             await wait_ready(client, inputs[0])
 
             async def via_http(i: int) -> bool:
-                reply = await http.request("POST", "/v2/models/digits/infer", bodies[i],
-                                           {"Content-Type": "application/json"})
+                reply = await http.request("POST", infer, bodies[i], {"Content-Type": "application/json"})
                 return reply.status == 200
 
             # TopologyClient.call flushes its shared outbox per call, which is not safe with concurrent
@@ -149,7 +167,4 @@ async def gateway_bench(kafka: KafkaSettings, seconds: float = 5.0,
         host.stop()
     ratio = {lvl: round(results["gateway"][lvl]["rps"] / max(results["async"][lvl]["rps"], 1e-9), 3)
              for lvl in results["gateway"]}
-    for lvl, r in ratio.items():
-        console.print(f"  c={lvl:<4} gateway/async throughput = {r:.2f}")
-    return {"workload": "gateway", "topology": "digits", "workers": "processes", "seconds_per_level": seconds,
-            "gateway": results["gateway"], "async": results["async"], "gateway_over_async": ratio}
+    return {"topology": topology.name, "nodes": list(topology.nodes), **results, "gateway_over_async": ratio}

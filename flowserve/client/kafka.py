@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -20,7 +19,15 @@ from flowserve.runtime.kafka import make_producer
 from flowserve.runtime.outbox import Outbox
 from flowserve.runtime.settings import KafkaSettings, WorkerSettings
 from flowserve.topology.graph import Topology
-from flowserve.wire.envelope import H_DEADLINE, H_ERROR, decode_record, make_headers, now_ms
+from flowserve.wire.envelope import (
+    H_DEADLINE,
+    H_ERROR,
+    decode_record,
+    make_headers,
+    new_request_id,
+    new_traceparent,
+    now_ms,
+)
 from flowserve.wire.tensors import encode_tensors
 
 
@@ -32,14 +39,6 @@ class Reply:
     headers: dict[str, bytes]
     timestamp_ms: int  # when the outputs record was written
     received_ms: int = field(default_factory=now_ms)
-
-
-def new_request_id() -> str:
-    return uuid.uuid4().hex
-
-
-def new_traceparent() -> str:
-    return f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
 
 
 class TopologyClient:

@@ -10,7 +10,6 @@ import asyncio
 import hmac
 import logging
 import re
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +21,7 @@ from flowserve.gateway.server import HttpServer, Request, Response, error_respon
 from flowserve.gateway.settings import GatewaySettings
 from flowserve.runtime.settings import KafkaSettings
 from flowserve.topology.graph import Topology
-from flowserve.wire.envelope import H_REPLY_TO, make_headers, now_ms
+from flowserve.wire.envelope import H_REPLY_TO, make_headers, new_request_id, new_traceparent, now_ms
 from flowserve.wire.tensors import encode_tensors
 
 log = logging.getLogger("flowserve.gateway")
@@ -46,10 +45,6 @@ def status_of(reason: str) -> int:
     if "exceeds max_message_bytes" in reason:
         return 413
     return 400
-
-
-def new_traceparent() -> str:
-    return f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
 
 
 class Gateway:
@@ -193,7 +188,7 @@ class Gateway:
             parsed = parse_infer(request.body, request.headers.get(HEADER_LENGTH))
         except WireError as exc:
             return error_response(400, str(exc), echo)
-        rid = parsed.id or header_id or uuid.uuid4().hex
+        rid = parsed.id or header_id or new_request_id()
         echo = {"X-Request-Id": rid}
         try:
             timeout_ms = self._timeout_ms(topology, parsed, request)

@@ -94,6 +94,9 @@ class StageWorker(Emitter):
         self.profile: ExecProfile = getattr(self.policy, "profile", None) or profiles.get(node_id) or ExecProfile()
         self.metrics: NodeMetrics | None = None
         self._last_lag = 0
+        # Smoothed seconds per batch of an offloading component; None until its first batch ran (in a thread).
+        self._exec_ewma: float | None = None
+        self._inline_below_s = self.settings.inline_below_ms / 1000
         self._early: list[Any] = []  # acknowledgements of batches sent before the step ends
         self._publishing: asyncio.Task[None] | None = None
         self.join = JoinBuffer(self.node) if self.node.needs_join or self.node.triggers else None
@@ -281,6 +284,8 @@ class StageWorker(Emitter):
             items.extend(_Item(r) for r in self.join.expire(now))
         if items:
             await self._process(items, now)
+        if self.capture is not None and self.capture.side_topic is not None:
+            self.capture.side_reports()  # side reports finished off the loop (a detector's thread), even when idle
         sent, futures = await self.outbox.send() if self.outbox.count else (0, [])
         self.counters.records_out += sent
         if self._early:
@@ -488,15 +493,23 @@ class StageWorker(Emitter):
                 self.counters.records_out += sent
                 self._early.extend(futures)
 
-    async def _call(self, batch: Batch) -> Mapping[str, np.ndarray] | Result:
+    async def _call(self, batch: Batch) -> tuple[Mapping[str, np.ndarray] | Result, float]:
+        """The component's result and its execution time (measured where it ran, not the handoff)."""
         lock = device_lock(str(getattr(self.component, "device", "cpu")))
         if lock is not None:  # one batch in flight per GPU
-            return await asyncio.to_thread(_locked, lock, self.component.process, batch)
+            return await asyncio.to_thread(_timed, lock, self.component.process, batch)
         if getattr(self.component, "offload", False):
-            return await asyncio.to_thread(self.component.process, batch)
-        return self.component.process(batch)
+            ewma = self._exec_ewma
+            if ewma is None or ewma >= self._inline_below_s:
+                return await asyncio.to_thread(_timed, None, self.component.process, batch)
+        return _timed(None, self.component.process, batch)
 
     def _observe(self, size: int, seconds: float) -> None:
+        # Offloading pays a thread handoff (two wake-ups, the GIL passed back and forth) per batch: worth it
+        # for a model that runs for milliseconds, not for one that runs for microseconds. One slow batch
+        # (a larger one, a cold cache) sends the next ones back to the thread until the average settles.
+        ewma = self._exec_ewma
+        self._exec_ewma = seconds if ewma is None or seconds > 4 * ewma else 0.8 * ewma + 0.2 * seconds
         self.profile.observe(size, seconds)
         self.policy.observe(size, seconds)
         if self.metrics is not None:
@@ -516,9 +529,7 @@ class StageWorker(Emitter):
         self.counters.batches += 1
         self.counters.last_batch = len(group)
         try:
-            t0 = time.perf_counter()
-            result = await self._call(batch)
-            seconds = time.perf_counter() - t0
+            result, seconds = await self._call(batch)
             outputs, mask, errors = _unpack(result, sum(sizes), self.component)
         except Exception as exc:  # noqa: BLE001 - a component bug must not kill the worker
             if len(group) == 1:
@@ -542,9 +553,11 @@ def _timestamp(rec: Any) -> int:
     return rec.timestamp or 0
 
 
-def _locked(lock: Any, fn: Any, *args: Any) -> Any:
-    with lock:
-        return fn(*args)
+def _timed(lock: Any, fn: Any, batch: Batch) -> tuple[Any, float]:
+    with lock if lock is not None else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        result = fn(batch)
+        return result, time.perf_counter() - t0
 
 
 def _unpack(result: Any, items: int, component: Component

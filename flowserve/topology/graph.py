@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -123,6 +124,32 @@ class Topology:
     def output_ports(self) -> dict[str, Port]:
         return {name: src.port or Port("BYTES", (-1,)) for name, src in self.outputs.items()}
 
+    @cached_property
+    def critical_path(self) -> frozenset[str]:
+        """The nodes some of whose outputs reach the topology's ``outputs``, directly or transitively.
+
+        The others are side branches (e.g. a drift detector reading ``pre.x``): nothing a caller waits
+        for depends on them, so their workers run at a lower OS priority (``NodeSpec.nice``).
+        """
+        feeds: dict[str, set[str]] = {n: set() for n in self.nodes}  # node -> the nodes it reads from
+        for node in self.nodes.values():
+            for src in [*(s for ss in node.bindings.values() for s in ss), *node.triggers]:
+                if src.node is not None:
+                    feeds[node.id].add(src.node)
+        todo = [n for n, node in self.nodes.items() if node.emits_outputs]
+        todo += [src.node for src in self.outputs.values() if src.node is not None]
+        seen: set[str] = set()
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo.extend(feeds.get(n, ()))
+        return frozenset(seen)
+
+    def on_critical_path(self, node_id: str) -> bool:
+        """Whether ``node_id``'s work delays a reply (False for a side branch such as a drift detector)."""
+        return node_id in self.critical_path
+
 
 class Collect(Component):
     """The implicit sink that joins a topology's outputs when they come from several nodes."""
@@ -216,6 +243,12 @@ def _order(edges: dict[str, set[str]]) -> list[str]:
 
 
 def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
+    if spec.fuse:  # check the graph as written, then compile it with each chain as one node
+        from flowserve.topology.fuse import fuse_spec
+
+        # capture names the fused nodes, so it is checked against the fused graph (fuse_spec rejects members)
+        unfused = compile_spec(spec.model_copy(update={"fuse": {}, "capture": None}), source)
+        spec = fuse_spec(spec, unfused, source)
     components: dict[str, Component] = {}
     for node_id, node_spec in spec.nodes.items():
         try:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from flowserve.component import Component
+from flowserve.topology.fuse import Chain
 from flowserve.topology.graph import Topology
+
+
+def _kind(component: Component) -> str:
+    """The component's class name; a fused chain's also lists its members."""
+    name = type(component).__name__
+    return f"{name}: {' -> '.join(component.members)}" if isinstance(component, Chain) else name
 
 
 def _edges(topology: Topology) -> list[tuple[str, str, str]]:
@@ -29,7 +37,7 @@ def to_text(topology: Topology) -> str:
         ins = ", ".join(f"{port}<-{'|'.join(s.ref for s in ss)}" for port, ss in node.bindings.items())
         join = f" join={node.join.type}/{node.join.window_ms}ms" if node.needs_join else ""
         trig = f" triggers={[s.ref for s in node.triggers]}" if node.triggers else ""
-        lines.append(f"  node    {node.id} [{type(node.component).__name__}] {ins}{join}{trig}")
+        lines.append(f"  node    {node.id} [{_kind(node.component)}] {ins}{join}{trig}")
         for port, topic in node.output_topics.items():
             lines.append(f"            {port} -> {topic}")
     lines.append(f"  outputs {topology.outputs_topic}: " +
@@ -41,7 +49,7 @@ def to_text(topology: Topology) -> str:
 def to_mermaid(topology: Topology) -> str:
     lines = ["flowchart LR", "  input([input])", "  outputs([outputs])"]
     for node in topology.nodes.values():
-        lines.append(f"  {node.id}[{node.id}<br/>{type(node.component).__name__}]")
+        lines.append(f'  {node.id}["{node.id}<br/>{_kind(node.component)}"]')
     for a, b, label in _edges(topology):
         lines.append(f"  {a} -->|{label}| {b}")
     return "\n".join(lines)
@@ -50,7 +58,7 @@ def to_mermaid(topology: Topology) -> str:
 def to_dot(topology: Topology) -> str:
     lines = [f'digraph "{topology.name}" {{', "  rankdir=LR;", '  input [shape=oval]; outputs [shape=oval];']
     for node in topology.nodes.values():
-        lines.append(f'  "{node.id}" [shape=box, label="{node.id}\\n{type(node.component).__name__}"];')
+        lines.append(f'  "{node.id}" [shape=box, label="{node.id}\\n{_kind(node.component)}"];')
     for a, b, label in _edges(topology):
         lines.append(f'  "{a}" -> "{b}" [label="{label}"];')
     lines.append("}")

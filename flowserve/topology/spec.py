@@ -57,6 +57,9 @@ class NodeSpec(_Strict):
     batching: BatchingSpec = Field(default_factory=BatchingSpec)
     #: worker processes `flowserve run` starts for this node (more = more consumers in the group).
     replicas: int = Field(1, ge=1, le=64)
+    #: OS priority of this node's worker processes (an ``os.nice`` increment, 0-19). Default: 0 on the
+    #: critical path, 10 for a side branch (a node none of whose outputs reach the topology's outputs).
+    nice: int | None = Field(None, ge=0, le=19)
 
 
 class TopologySpec(_Strict):
@@ -78,6 +81,8 @@ class TopologySpec(_Strict):
     sample: str | None = None
     #: capture of intermediate data, lineage and tracing (flowserve.capture); absent = nothing extra written.
     capture: CaptureSpec | None = None
+    #: chains of nodes run as one node, in one worker, the edges inside in memory (flowserve.topology.fuse).
+    fuse: dict[str, list[str]] = Field(default_factory=dict)
 
     @field_validator("nodes")
     @classmethod
@@ -92,6 +97,16 @@ class TopologySpec(_Strict):
         if not nodes:
             raise ValueError("a topology needs at least one node")
         return nodes
+
+    @field_validator("fuse")
+    @classmethod
+    def _fuse_ids(cls, fuse: dict[str, list[str]]) -> dict[str, list[str]]:
+        import re
+
+        for name in fuse:
+            if not re.match(ID_PATTERN, name) or name in RESERVED_IDS:
+                raise ValueError(f"fused node id '{name}' must match {ID_PATTERN} and not be reserved")
+        return fuse
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -9,6 +9,7 @@ Key = request id. Headers carry the request id, the absolute deadline (epoch mil
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,17 @@ H_REPLY_TO = "fs-reply-to"
 _NOT_INHERITED = frozenset({H_ERROR, H_NODE})
 
 Headers = list[tuple[str, bytes]]
+
+
+def new_request_id() -> str:
+    """A random 128-bit request id, as 32 hex digits."""
+    return os.urandom(16).hex()
+
+
+def new_traceparent() -> str:
+    """A W3C ``traceparent`` for a new, sampled trace: random trace id and parent span id."""
+    r = os.urandom(24).hex()
+    return f"00-{r[:32]}-{r[32:]}-01"
 
 
 def now_ms() -> int:

@@ -54,11 +54,12 @@ def tensor_from_v2(spec: Mapping[str, Any]) -> tuple[str, np.ndarray]:
             except WireError as exc:
                 raise WireError(f"input '{name}': {exc}") from None
         else:
-            if datatype == "BOOL" and not all(isinstance(v, bool) for v in flat):
+            kinds = set(map(type, flat))  # one C-level pass; exact types, so a bool is not an int here
+            if datatype == "BOOL" and not kinds <= {bool}:
                 raise WireError(f"input '{name}': BOOL data must be true/false")
-            if datatype != "BOOL" and not all(isinstance(v, int | float) and not isinstance(v, bool) for v in flat):
+            if datatype != "BOOL" and not kinds <= {int, float}:
                 raise WireError(f"input '{name}': {datatype} data must be numbers")
-            if datatype != "BOOL" and datatype[:2] != "FP" and any(isinstance(v, float) for v in flat):
+            if datatype != "BOOL" and datatype[:2] != "FP" and float in kinds:
                 raise WireError(f"input '{name}': {datatype} data must be integers")
             dtype = DATATYPES[datatype]
             if dtype.kind in "iu" and flat:

@@ -18,6 +18,12 @@ def _batch(x: np.ndarray, **extra: np.ndarray) -> Batch:
     return Batch({"x": x, **extra}, [1] * len(x), [f"r{i}" for i in range(len(x))])
 
 
+def _reports(d: FeatureDrift | CategoricalDrift | OutputDrift) -> list[dict]:
+    """The detector's reports once its test thread has tested every closed window."""
+    assert d.wait(60)
+    return d.drain_reports()
+
+
 def _digits(n: int, seed: int, shift: str | None = None, amount: float = 0.0) -> np.ndarray:
     requests, _ = sample(n, seed=seed, shift=shift, amount=amount)  # type: ignore[arg-type]
     return (np.concatenate([r["pixels"] for r in requests]) / PIXEL_MAX).astype(np.float32)
@@ -25,7 +31,8 @@ def _digits(n: int, seed: int, shift: str | None = None, amount: float = 0.0) ->
 
 @pytest.fixture(scope="module")
 def ks_digits() -> FeatureDrift:
-    d = FeatureDrift.configure({"window": 100, "reference": "components.drift:digits_reference"}, node="d")
+    d = FeatureDrift.configure({"window": 100, "reference": "components.drift:digits_reference",
+                                "catch_up_windows": 0, "max_pending": 0}, node="d")
     d.setup()
     return d  # type: ignore[return-value]
 
@@ -36,7 +43,7 @@ def test_shifted_digits_are_detected_within_three_windows(method: str, amount: f
                                 "reference": "components.drift:digits_reference"}, node="d")
     d.setup()
     d.process(_batch(_digits(300, seed=7, shift="noise", amount=amount)))
-    reports = d.drain_reports()
+    reports = _reports(d)
     assert [r["window"] for r in reports] == [1, 2, 3]
     assert any(r["is_drift"] for r in reports), reports
     assert all(r["rows"] == 100 and r["method"] == method and r["detector"] == "d" for r in reports)
@@ -45,7 +52,7 @@ def test_shifted_digits_are_detected_within_three_windows(method: str, amount: f
 def test_unshifted_digits_rarely_alarm(ks_digits: FeatureDrift) -> None:
     # Held-out digits against training digits: Bonferroni-corrected KS stays at or below p_val.
     ks_digits.process(_batch(_digits(4000, seed=11)))  # 40 windows, drawn with replacement past 450
-    reports = ks_digits.drain_reports()
+    reports = _reports(ks_digits)
     assert len(reports) == 40
     alarms = sum(r["is_drift"] for r in reports)
     # One-sided binomial test of "rate <= 0.05": fail only when alarms are implausibly many.
@@ -61,11 +68,12 @@ def test_false_alarm_rate_matches_p_value(cls: type, method: str, make) -> None:
     rng = np.random.default_rng(1234)
     windows, size = 400, 50
     port = "x"
-    d = cls.configure({"method": method, "window": size, "p_val": 0.05, "reference_size": 2000}, node="d")
+    d = cls.configure({"method": method, "window": size, "p_val": 0.05, "reference_size": 2000,
+                       "catch_up_windows": 0, "max_pending": 0}, node="d")
     d.setup()
     d.process(Batch({port: make(rng, 2000)}, [1] * 2000, ["r"] * 2000))  # the reference
     d.process(Batch({port: make(rng, windows * size)}, [1] * (windows * size), ["r"] * (windows * size)))
-    reports = d.drain_reports()
+    reports = _reports(d)
     assert len(reports) == windows
     alarms = sum(r["is_drift"] for r in reports)
     rate = alarms / windows
@@ -83,7 +91,7 @@ def test_contexts_keep_their_own_reference_and_windows() -> None:
     d.contexts = [b"a"] * 300 + [b"b"] * 300
     d.process(_batch(np.concatenate([clean, shifted])))
     by_ctx: dict[str, list[bool]] = {}
-    for r in d.drain_reports():
+    for r in _reports(d):
         by_ctx.setdefault(r["context"], []).append(r["is_drift"])
         assert r["key"] == f"d/{r['context']}"
     assert by_ctx["b"] == [True, True, True]
@@ -100,7 +108,7 @@ def test_output_drift_on_predicted_classes() -> None:
     skewed = rng.normal(size=(400, 10)).astype(np.float32)
     skewed[:, 3] += 3.0  # the model now predicts class 3 most of the time
     d.process(Batch({"logits": skewed}, [400], ["r"]))
-    reports = d.drain_reports()
+    reports = _reports(d)
     assert [r["is_drift"] for r in reports] == [True, True]
 
 
@@ -110,10 +118,10 @@ def test_time_windows_close_on_the_next_arrival() -> None:
     rng = np.random.default_rng(0)
     d.process(_batch(rng.normal(size=(50, 2)).astype(np.float32)))  # reference
     d.process(_batch(rng.normal(size=(30, 2)).astype(np.float32)))
-    assert d.drain_reports() == []  # a time window closes only when a later record arrives
+    assert _reports(d) == []  # a time window closes only when a later record arrives
     d._states[None].window_start_ms -= 10  # the window's time has passed (no sleeping)
     d.process(_batch(rng.normal(size=(5, 2)).astype(np.float32)))
-    (report,) = d.drain_reports()
+    (report,) = _reports(d)
     assert report["rows"] == 30
 
 
@@ -131,5 +139,43 @@ def test_reference_from_npy_file(tmp_path) -> None:  # noqa: ANN001
     d = FeatureDrift.configure({"window": 100, "reference": str(path)}, node="d")
     d.setup()
     d.process(_batch(_digits(100, seed=9, shift="brightness", amount=3.0)))
-    (report,) = d.drain_reports()
+    (report,) = _reports(d)
     assert report["is_drift"] is True
+
+
+def test_a_backlog_is_tested_on_its_most_recent_windows_only() -> None:
+    rng = np.random.default_rng(2)
+    d = FeatureDrift.configure({"window": 50, "reference_size": 50, "catch_up_windows": 2}, node="d")
+    d.setup()
+    d.process(_batch(rng.normal(size=(50, 2)).astype(np.float32)))  # reference
+    d.process(_batch(rng.normal(size=(20, 2)).astype(np.float32)))  # an open window of 20 rows
+    backlog = rng.normal(size=(1000, 2)).astype(np.float32)
+    backlog[-130:] += 100.0  # only the most recent rows are far off: what the kept windows must hold
+    d.process(_batch(backlog))
+    reports = _reports(d)
+    # the open window is filled up (30 rows), then the last 2 full windows; the 1000 - 30 - 100 rows skipped
+    # are counted in the next report
+    assert [(r["window"], r["rows"], r["rows_skipped"]) for r in reports] == [(1, 50, 870), (2, 50, 0), (3, 50, 0)]
+    assert [r["is_drift"] for r in reports][1:] == [True, True]
+    d.close()
+
+
+def test_windows_beyond_max_pending_are_skipped_not_queued() -> None:
+    import threading
+
+    rng = np.random.default_rng(3)
+    d = FeatureDrift.configure({"window": 10, "reference_size": 10, "max_pending": 1, "catch_up_windows": 0},
+                               node="d")
+    d.setup()
+    release = threading.Event()
+    test = d._test
+    d._test = lambda *args: (release.wait(30), test(*args))  # type: ignore[method-assign]
+    d.process(_batch(rng.normal(size=(10, 2)).astype(np.float32)))  # reference
+    d.process(_batch(rng.normal(size=(30, 2)).astype(np.float32)))  # 3 windows; the thread holds the first
+    release.set()
+    reports = _reports(d)
+    assert [r["window"] for r in reports] == [1]
+    d.process(_batch(rng.normal(size=(10, 2)).astype(np.float32)))
+    (report,) = _reports(d)
+    assert report["rows_skipped"] == 20  # the two windows closed while the thread was busy
+    d.close()

@@ -1,0 +1,323 @@
+"""Operator fusion: a linear chain of nodes runs in one worker, the edges inside it in memory.
+
+Every edge of a topology is a Kafka topic by default: each stage scales on its own and its data is
+observable. For a chain of cheap stages on one machine that costs a produce, a fetch and a commit per
+hop for microseconds of work. ``fuse:`` names chains to run as one node (Flink's operator chaining, a
+Kafka Streams sub-topology)::
+
+    fuse:
+      classify: [pre, model, post]   # one worker, one consumer group, topics only around the chain
+
+The chain keeps every contract of its members: ports are checked as without fusion (at load time, and
+between members as a worker checks the records it reads), an item a member fails becomes an error result
+naming that member, an item a member routes away (a ``Result`` mask) stops there, and the fused node's
+lineage describes every member. What it gives up: the members scale together, and the data between them
+is not on Kafka (so it cannot be captured or inspected).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from flowserve.component import Batch, Component, Result, load_component_class
+from flowserve.errors import ComponentError, TopologyError, WireError
+from flowserve.wire.tensors import DATATYPES
+
+if TYPE_CHECKING:
+    from flowserve.topology.graph import Topology
+    from flowserve.topology.spec import NodeSpec, TopologySpec
+
+CHAIN = "flowserve.topology.fuse:Chain"
+
+
+class ChainStep(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    component: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    #: this step's input port -> the previous step's output port (empty for the first step).
+    wiring: dict[str, str] = Field(default_factory=dict)
+
+
+class ChainParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: list[ChainStep] = Field(min_length=2)
+
+
+class Chain(Component):
+    """The members of a fused chain, run one after the other on the same batch."""
+
+    Params = ChainParams
+    params: ChainParams
+
+    def __init__(self, params: BaseModel | None = None, *, node: str = "") -> None:
+        super().__init__(params, node=node)
+        self.steps: list[tuple[ChainStep, Component]] = [
+            (s, load_component_class(s.component).configure(s.params, node=s.id)) for s in self.params.steps
+        ]
+        members = [c for _, c in self.steps]
+        self.inputs = dict(members[0].inputs)  # type: ignore[misc]
+        self.outputs = dict(members[-1].outputs)  # type: ignore[misc]
+        self.max_batch = min(c.max_batch for c in members)  # type: ignore[misc]
+        self.offload = any(c.offload for c in members)  # type: ignore[misc]
+
+    @property
+    def members(self) -> list[str]:
+        return [s.id for s, _ in self.steps]
+
+    def prepare(self) -> None:
+        for _, c in self.steps:
+            c.prepare()
+
+    def setup(self) -> None:
+        for _, c in self.steps:
+            c.setup()
+        # The chain runs where its device-bound member runs (one batch in flight per GPU).
+        self.device = next((c.device for _, c in self.steps if c.device != "cpu"), "cpu")
+
+    def close(self) -> None:
+        for _, c in reversed(self.steps):
+            c.close()
+
+    @property
+    def weights_hash(self) -> str | None:
+        hashes = [h for _, c in self.steps if (h := getattr(c, "weights_hash", None))]
+        return ",".join(hashes) or None
+
+    def describe(self) -> str:
+        inner = "; ".join(f"{s.id}={c.describe()}" for s, c in self.steps)
+        return f"{super().describe()}[{inner}]"
+
+    def process(self, batch: Batch) -> Mapping[str, np.ndarray] | Result:
+        # As in Result, masks and error keys index rows; a request (of ``sizes[i]`` rows) fails when any of
+        # its rows fails. ``origin`` maps each row still in the chain to its row in ``batch``.
+        origin = np.arange(batch.rows)
+        errors: dict[int, str] = {}
+        current = batch
+        outputs: dict[str, np.ndarray] = {}
+        mask: dict[str, np.ndarray] = {}
+        last = len(self.steps) - 1
+        for k, (step, component) in enumerate(self.steps):
+            try:
+                result = component.process(current)
+            except Exception as exc:
+                raise ComponentError(f"node '{step.id}' ({type(component).__name__}): {exc!r}") from exc
+            outputs, mask, errs = _unpack(step.id, component, result, current.rows)
+            for i, why in errs.items():
+                errors.setdefault(int(origin[i]), f"node '{step.id}': {why}")
+            if k == last:
+                break
+            current, origin = self._handoff(current, origin, outputs, mask, errs, self.steps[k + 1], errors)
+            if not current.sizes:
+                outputs, mask = {}, {}
+                break
+        if len(current.sizes) == len(batch.sizes) and len(origin) == batch.rows:  # nobody left the chain
+            return Result(outputs, mask, errors) if mask or errors else outputs
+        return self._widen(batch, origin, outputs, mask, errors)
+
+    @staticmethod
+    def _handoff(current: Batch, origin: np.ndarray, outputs: dict[str, np.ndarray], mask: dict[str, np.ndarray],
+                 errs: dict[int, str], nxt: tuple[ChainStep, Component], errors: dict[int, str]
+                 ) -> tuple[Batch, np.ndarray]:
+        """The batch the next member reads, without the requests that failed or were routed away from it.
+
+        As across a topic: a request stops when a row of it failed or when none of its rows is emitted on
+        the ports the next member reads (the rows that are go on alone), and the next member's input ports
+        are checked, request by request, as a worker checks the records it reads.
+        """
+        step, component = nxt
+        if not errs and all(src in outputs and src not in mask for src in step.wiring.values()):  # all go on
+            tensors = {port: outputs[src] for port, src in step.wiring.items()}
+            if not _violations(step.id, component, tensors, current.sizes, origin, errors).any():
+                return Batch(tensors, current.sizes, current.request_ids), origin
+        sizes = np.asarray(current.sizes, dtype=np.intp)
+        req = np.repeat(np.arange(len(sizes)), sizes)  # request of each row
+        stop = np.zeros(len(sizes), dtype=bool)
+        stop[req[list(errs)]] = True
+        keep = np.ones(len(req), dtype=bool)
+        masked = False
+        for src in set(step.wiring.values()):
+            if src not in outputs:  # nothing emitted on that port at all
+                stop[:] = True
+            elif src in mask:
+                keep &= mask[src]
+                masked = True
+        left = np.bincount(req[keep & ~stop[req]], minlength=len(sizes))
+        stop |= (left == 0) & ((sizes > 0) | masked)
+        keep &= ~stop[req]
+        tensors = {} if stop.all() else {port: outputs[src][keep] for port, src in step.wiring.items()}
+        sizes, origin = left[~stop], origin[keep]
+        ids = [r for r, s in zip(current.request_ids, stop, strict=True) if not s]
+        bad = _violations(step.id, component, tensors, sizes, origin, errors)
+        if bad.any():
+            rows = np.repeat(~bad, sizes)
+            tensors = {port: a[rows] for port, a in tensors.items()}
+            sizes, origin = sizes[~bad], origin[rows]
+            ids = [r for r, b in zip(ids, bad, strict=True) if not b]
+        return Batch(tensors, [int(n) for n in sizes], ids), origin
+
+    def _widen(self, batch: Batch, origin: np.ndarray, outputs: dict[str, np.ndarray],
+               mask: dict[str, np.ndarray], errors: dict[int, str]) -> Result:
+        """Outputs sized for the whole batch again: the rows that left the chain are masked out."""
+        present = np.zeros(batch.rows, dtype=bool)
+        present[origin] = True
+        full: dict[str, np.ndarray] = {}
+        wide_mask: dict[str, np.ndarray] = {}
+        for port, a in outputs.items():
+            wide = np.zeros((batch.rows, *a.shape[1:]), dtype=a.dtype)
+            wide[origin] = a
+            full[port] = wide
+            m = present.copy()
+            if port in mask:
+                m[origin] &= mask[port]
+            wide_mask[port] = m
+        return Result(full, wide_mask, errors)
+
+
+def _unpack(node: str, component: Component, result: Mapping[str, np.ndarray] | Result, rows: int
+            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[int, str]]:
+    """A member's result as the worker reads it: declared ports, one row per input row, declared dtypes."""
+    if isinstance(result, Result):
+        raw, mask, errs = dict(result.outputs), dict(result.mask), dict(result.errors)
+    elif isinstance(result, Mapping):
+        raw, mask, errs = dict(result), {}, {}
+    else:
+        raise ComponentError(f"node '{node}': process returned {type(result).__name__}, expected a dict of "
+                             "arrays or a Result")
+    errs = {int(i): why for i, why in errs.items() if 0 <= int(i) < rows}  # as the worker: others match no row
+    outputs: dict[str, np.ndarray] = {}
+    for port, array in raw.items():
+        want = component.outputs.get(port)
+        if want is None:
+            raise ComponentError(f"node '{node}': process returned undeclared output port '{port}'")
+        array = np.asarray(array)
+        if array.ndim == 0 or array.shape[0] != rows:
+            raise ComponentError(f"node '{node}': output '{port}' has leading dimension {array.shape[:1]}, "
+                                 f"expected {rows}")
+        if want.datatype != "BYTES" and array.dtype != DATATYPES[want.datatype]:
+            array = array.astype(DATATYPES[want.datatype])
+        outputs[port] = array
+    masks = {p: np.asarray(m, dtype=bool) for p, m in mask.items()}
+    for port, m in masks.items():
+        if m.shape != (rows,):
+            raise ComponentError(f"node '{node}': mask of '{port}' has shape {list(m.shape)}, expected [{rows}]")
+    return outputs, masks, errs
+
+
+def _violations(node: str, component: Component, tensors: dict[str, np.ndarray], sizes: np.ndarray | list[int],
+                origin: np.ndarray, errors: dict[int, str]) -> np.ndarray:
+    """Which requests break ``component``'s input ports; each gets an error naming ``node``."""
+    bad = np.zeros(len(sizes), dtype=bool)
+    for port, array in tensors.items():
+        spec = component.inputs[port]
+        try:
+            spec.check(port, array)
+            continue
+        except WireError:
+            pass
+        start = 0
+        for i, n in enumerate(sizes):
+            try:
+                spec.check(port, array[start:start + n])
+            except WireError as exc:
+                bad[i] = True
+                if n:  # an error is keyed by a row: a request without rows just stops
+                    errors.setdefault(int(origin[start]), f"node '{node}': {exc}")
+            start += n
+    return bad
+
+
+def fuse_spec(spec: TopologySpec, unfused: Topology, source: str) -> TopologySpec:
+    """The spec with each chain under ``fuse:`` replaced by one node running :class:`Chain`.
+
+    ``unfused`` is the topology compiled without fusion (so ports and references are already checked);
+    here only what fusion needs is checked: each chain is linear and nothing outside it reads inside it.
+    """
+    from flowserve.topology.spec import BatchingSpec, NodeSpec
+
+    nodes: dict[str, NodeSpec] = dict(spec.nodes)
+    rename: dict[str, str] = {}  # last member -> fused node id, for references from outside
+    seen: dict[str, str] = {}
+    for name, members in spec.fuse.items():
+        if len(members) < 2:
+            raise TopologyError(f"fuse.{name}: a chain needs at least two nodes", source=source, node=name)
+        for m in members:
+            if m not in spec.nodes:
+                raise TopologyError(f"fuse.{name}: unknown node '{m}' (nodes: {', '.join(spec.nodes)})",
+                                    source=source, node=name)
+            if m in seen:
+                where = f"twice in '{name}'" if seen[m] == name else f"in both '{seen[m]}' and '{name}'"
+                raise TopologyError(f"fuse: node '{m}' is {where}; a node runs in one place, once", source=source,
+                                    node=m)
+            seen[m] = name
+        if name in spec.nodes and name not in members:
+            raise TopologyError(f"fuse.{name}: the name is already a node's id; pick another", source=source,
+                                node=name)
+        _check_chain(name, members, unfused, spec, source)
+        steps = []
+        for k, m in enumerate(members):
+            ns = spec.nodes[m]
+            bindings = unfused.nodes[m].bindings
+            wiring = {} if k == 0 else {port: srcs[0].tensor for port, srcs in bindings.items()}
+            steps.append({"id": m, "component": ns.component, "params": ns.params, "wiring": wiring})
+        head = spec.nodes[members[0]]
+        specs = [spec.nodes[m] for m in members]
+        # The chain batches as its first member that asks for something other than the default, at most as
+        # many requests as its most limited member takes (its max_batch, or its component's), on as many
+        # replicas as its most replicated member.
+        batching = next((s.batching for s in specs if s.batching != BatchingSpec()), head.batching)
+        fused = NodeSpec(component=CHAIN, params={"steps": steps}, inputs=head.inputs, triggers=head.triggers,
+                         join=head.join, batching=batching, replicas=max(s.replicas for s in specs),
+                         max_batch=min(unfused.nodes[m].max_batch for m in members))
+        for m in members:
+            nodes.pop(m)
+        nodes[name] = fused
+        rename[members[-1]] = name
+    rebuilt = {nid: _renamed(ns, rename) for nid, ns in nodes.items()}
+    outputs = {k: _ref(v, rename) for k, v in spec.outputs.items()}
+    return spec.model_copy(update={"nodes": rebuilt, "outputs": outputs, "fuse": {}})
+
+
+def _check_chain(name: str, members: list[str], unfused: Topology, spec: TopologySpec, source: str) -> None:
+    for prev, m in zip(members, members[1:], strict=False):
+        node = unfused.nodes[m]
+        if node.triggers or any(len(srcs) != 1 or srcs[0].node != prev for srcs in node.bindings.values()):
+            raise TopologyError(f"fuse.{name}: every input of '{m}' must come from '{prev}', the node before it "
+                                "in the chain (a chain is linear)", source=source, node=m)
+    inner = set(members[:-1])
+    for node in unfused.nodes.values():
+        if node.id not in spec.nodes:  # the implicit Collect node: the outputs are checked below
+            continue
+        for src in [*(s for ss in node.bindings.values() for s in ss), *node.triggers]:
+            if src.node in inner and node.id != members[members.index(src.node) + 1]:
+                raise TopologyError(f"fuse.{name}: '{node.id}' reads '{src.ref}', inside the chain; only the "
+                                    f"chain's last node may feed other nodes", source=source, node=node.id)
+    for out, src in unfused.outputs.items():
+        if src.node in inner:
+            raise TopologyError(f"fuse.{name}: outputs.{out} reads '{src.ref}', inside the chain; only the "
+                                "chain's last node may feed the outputs", source=source, node=src.node)
+    cap = spec.capture
+    if cap is not None:
+        named = set(cap.nodes) | {p.partition(".")[0] for p in cap.ports if p != "*"}
+        if clash := sorted(named & set(members)):
+            raise TopologyError(f"fuse.{name}: capture names '{clash[0]}', which is fused: data inside a chain "
+                                f"is not on Kafka; capture '{name}' or take '{clash[0]}' out of the chain",
+                                source=source, node=clash[0])
+
+
+def _ref(ref: str, rename: dict[str, str]) -> str:
+    node, dot, rest = ref.partition(".")
+    return f"{rename[node]}.{rest}" if dot and node in rename else ref
+
+
+def _renamed(ns: NodeSpec, rename: dict[str, str]) -> NodeSpec:
+    if not rename:
+        return ns
+    inputs = {p: _ref(r, rename) if isinstance(r, str) else [_ref(x, rename) for x in r] for p, r in ns.inputs.items()}
+    return ns.model_copy(update={"inputs": inputs, "triggers": [_ref(t, rename) for t in ns.triggers]})
