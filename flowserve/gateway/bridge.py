@@ -19,10 +19,9 @@ from typing import Any
 
 import numpy as np
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from flowserve.errors import BrokerError, WireError
-from flowserve.runtime.kafka import ensure_topics, make_producer
+from flowserve.runtime.kafka import delete_topics, ensure_topics, make_producer
 from flowserve.runtime.outbox import Outbox
 from flowserve.runtime.settings import KafkaSettings, WorkerSettings
 from flowserve.topology.graph import Topology
@@ -141,15 +140,10 @@ class KafkaBridge:
             await self._delete_reply_topics()
 
     async def _delete_reply_topics(self) -> None:
-        admin = AIOKafkaAdminClient(**self.kafka.client_kwargs())
         try:
-            await asyncio.wait_for(admin.start(), 5)
-            await asyncio.wait_for(admin.delete_topics([self.reply_topic(t) for t in self.topologies]), 5)
-        except Exception as exc:  # noqa: BLE001 - best effort: a leftover reply topic only costs disk
-            log.warning("could not delete reply topics of gateway %s: %r", self.instance, exc)
-        finally:
-            with contextlib.suppress(Exception):
-                await admin.close()
+            await delete_topics(self.kafka, [self.reply_topic(t) for t in self.topologies], timeout_s=5)
+        except BrokerError as exc:  # best effort: a leftover reply topic only costs disk
+            log.warning("gateway %s: %s", self.instance, exc)
 
     # -- requests ----------------------------------------------------------------------------------
 

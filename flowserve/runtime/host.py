@@ -56,6 +56,8 @@ class InlineHost:
                                                 policy=self.policies.get(node_id)))
         await asyncio.gather(*(w.start() for w in self.workers))
         self._tasks = [asyncio.create_task(w.run(), name=f"worker-{w.node.id}") for w in self.workers]
+        for task in self._tasks:
+            task.add_done_callback(_report_crash)
 
     async def stop(self) -> None:
         for w in self.workers:
@@ -70,6 +72,12 @@ class InlineHost:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    """A worker task that dies must say so at once, not be found later as missing replies."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("%s died: %r", task.get_name(), exc, exc_info=exc)
 
 
 @dataclass

@@ -90,3 +90,19 @@ async def describe_partitions(kafka: KafkaSettings, topics: Iterable[str]) -> di
         return out
     finally:
         await admin.close()
+
+
+async def delete_topics(kafka: KafkaSettings, topics: Iterable[str], timeout_s: float = 10.0) -> None:
+    """Delete the topics that exist among ``topics``; raises :class:`BrokerError` when the broker refuses."""
+    admin = AIOKafkaAdminClient(**kafka.client_kwargs())
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+        existing = set(await admin.list_topics())
+        doomed = [t for t in dict.fromkeys(topics) if t in existing]
+        if doomed:
+            await asyncio.wait_for(admin.delete_topics(doomed), timeout_s)
+    except Exception as exc:
+        raise BrokerError(f"could not delete topics at {kafka.bootstrap}: {exc!r}") from None
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()

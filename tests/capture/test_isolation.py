@@ -18,7 +18,8 @@ from flowserve.topology.graph import load_topology_text
 topology = load_topology_text(sys.stdin.read())
 before = os.nice(0)
 settings = worker_process(topology, sys.argv[1], WorkerSettings())
-print(json.dumps({"nice": os.nice(0) - before, "fetch_max_wait_ms": settings.fetch_max_wait_ms,
+print(json.dumps({"nice": os.nice(0) - before, "idle": os.sched_getscheduler(0) == os.SCHED_IDLE,
+                  "fetch_max_wait_ms": settings.fetch_max_wait_ms,
                   "fetch_min_bytes": settings.fetch_min_bytes, "omp": os.environ.get("OMP_NUM_THREADS")}))
 """
 TOPOLOGY = """
@@ -40,12 +41,13 @@ def _probe(node: str, pre: str = "", watch: str = "") -> dict:
 @pytest.mark.skipif(not hasattr(__import__("os"), "nice"), reason="no os.nice on this platform")
 def test_side_branch_runs_niced_with_one_thread_and_long_fetches_critical_path_unchanged() -> None:
     side = _probe("watch")
-    assert side == {"nice": 10, "fetch_max_wait_ms": 250, "fetch_min_bytes": 64 * 1024, "omp": "1"}
+    assert side == {"nice": 10, "idle": True, "fetch_max_wait_ms": 250, "fetch_min_bytes": 64 * 1024, "omp": "1"}
     critical = _probe("pre")
-    assert critical == {"nice": 0, "fetch_max_wait_ms": 5, "fetch_min_bytes": 1, "omp": None}
+    assert critical == {"nice": 0, "idle": False, "fetch_max_wait_ms": 5, "fetch_min_bytes": 1, "omp": None}
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "nice"), reason="no os.nice on this platform")
 def test_a_node_nice_overrides_the_default() -> None:
-    assert _probe("watch", watch=", nice: 15")["nice"] == 15
+    assert _probe("watch", watch=", nice: 15") | {"fetch_max_wait_ms": 0} == {
+        "nice": 15, "idle": False, "fetch_max_wait_ms": 0, "fetch_min_bytes": 64 * 1024, "omp": "1"}
     assert _probe("pre", pre=", nice: 3")["nice"] == 3
