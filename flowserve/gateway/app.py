@@ -19,6 +19,7 @@ from flowserve.gateway.codec import HEADER_LENGTH, InferRequest, check_inputs, e
 from flowserve.gateway.health import ReadinessProbe
 from flowserve.gateway.server import HttpServer, Request, Response, error_response, json_response
 from flowserve.gateway.settings import GatewaySettings
+from flowserve.runtime.heap import settle
 from flowserve.runtime.settings import KafkaSettings
 from flowserve.topology.graph import Topology
 from flowserve.wire.envelope import H_REPLY_TO, make_headers, new_request_id, new_traceparent, now_ms
@@ -76,6 +77,7 @@ class Gateway:
     async def start(self) -> None:
         await self.bridge.start()
         await self.server.start()
+        settle()
         log.info("gateway %s serving %s on %s (auth %s)", self.settings.instance, ", ".join(self.models),
                  self.url, "on" if self._tokens else "off")
 

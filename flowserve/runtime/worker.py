@@ -27,6 +27,7 @@ from flowserve.errors import FlowserveError, WireError
 from flowserve.runtime.batching import ExecProfile, describe, device_lock, load_node_profiles, make_policy
 from flowserve.runtime.emit import Counters, Emitter, _Item, _visits
 from flowserve.runtime.fastpath import decode_column
+from flowserve.runtime.heap import settle
 from flowserve.runtime.join import TP, JoinBuffer, Ready
 from flowserve.runtime.kafka import make_consumer, make_producer
 from flowserve.runtime.metrics import NodeMetrics
@@ -134,6 +135,7 @@ class StageWorker(Emitter):
         if self._started:
             return
         await asyncio.to_thread(self.component.setup)
+        settle()
         self.metrics = NodeMetrics(self.topology.name, self.node.id, counters=self.counters.snapshot,
                                    lag=lambda: self._last_lag)
         if self.capture is not None:
