@@ -9,6 +9,7 @@ sight, so later full collections only walk what serving created.
 
 from __future__ import annotations
 
+import atexit
 import gc
 
 _settled = False
@@ -22,4 +23,7 @@ def settle() -> None:
         return
     gc.collect()
     gc.freeze()
+    # Frozen objects are never freed, not even at exit, where extension modules (torch's triton) then
+    # report them as leaks: hand them back to the collector before the interpreter shuts down.
+    atexit.register(gc.unfreeze)
     _settled = True
