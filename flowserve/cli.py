@@ -327,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=50.0, help="latency: requests per second")
     p.add_argument("--seconds", type=float, default=20.0, help="latency: how long to send; gateway: per level")
     p.add_argument("--cell-seconds", type=float, default=3.0, help="batching: seconds of traffic per load cell")
+    p.add_argument("--rounds", type=int, default=3, help="capture: rounds (configurations interleaved per round)")
     p.set_defaults(func=cmd_bench)
     return parser
 
