@@ -138,13 +138,11 @@ async def _saturate(client: TopologyClient, inputs: list[dict[str, np.ndarray]],
             assert reply.error is None, reply.error
             latencies.append((now - started.pop(reply.request_id)) * 1000)
     elapsed = time.perf_counter() - t0
-    return {"throughput_rps": len(latencies) / elapsed, "p50_ms": float(np.percentile(latencies, 50)),
-            "p99_ms": float(np.percentile(latencies, 99)), "n": len(latencies)}
+    return {"throughput_rps": len(latencies) / elapsed, **_summary(latencies)}
 
 
 def _summary(latencies: list[float]) -> dict[str, float]:
-    return {"p50_ms": float(np.percentile(latencies, 50)), "p99_ms": float(np.percentile(latencies, 99)),
-            "n": len(latencies)}
+    return {"p50_ms": float(np.percentile(latencies, 50)), "p99_ms": _p99(latencies), "n": len(latencies)}
 
 
 async def _steady(client: TopologyClient, inputs: list[dict[str, np.ndarray]], rate: float,

@@ -358,8 +358,7 @@ def span_line(span: Any) -> str:
     """:func:`span_dict` as one line of JSON, built directly (the exporter thread's cost, per span)."""
     ctx, parent, links = span.context, span.parent, span.links
     parent_id = f'"{parent.span_id:016x}"' if parent is not None else "null"
-    link_text = ",".join(f'{{"trace_id":"{lk.context.trace_id:032x}","span_id":"{lk.context.span_id:016x}"}}'
-                         for lk in links) if links else ""
+    link_text = ",".join(_LINK % (lk.context.trace_id, lk.context.span_id) for lk in links) if links else ""
     return (f'{{"name":{_dumps(span.name)},"trace_id":"{ctx.trace_id:032x}","span_id":"{ctx.span_id:016x}",'
             f'"parent_id":{parent_id},"start_ns":{span.start_time},"end_ns":{span.end_time},'
             f'"status":"{span.status.status_code.name}","attributes":{_dumps(dict(span.attributes or {}))},'

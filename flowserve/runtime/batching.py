@@ -327,7 +327,7 @@ def budget_for(topology: Topology, node_id: str, profiles: dict[str, ExecProfile
     """The :class:`Budget` of ``node_id``: its p1 against the critical downstream path's."""
     children: dict[str, set[str]] = {n: set() for n in topology.nodes}
     for n, node in topology.nodes.items():
-        for src in [*(s for ss in node.bindings.values() for s in ss), *node.triggers]:
+        for src in node.sources:
             if src.node is not None and src.node in children:
                 children[src.node].add(n)
 

@@ -294,7 +294,7 @@ def _check_chain(name: str, members: list[str], unfused: Topology, spec: Topolog
     for node in unfused.nodes.values():
         if node.id not in spec.nodes:  # the implicit Collect node: the outputs are checked below
             continue
-        for src in [*(s for ss in node.bindings.values() for s in ss), *node.triggers]:
+        for src in node.sources:
             if src.node in inner and node.id != members[members.index(src.node) + 1]:
                 raise TopologyError(f"fuse.{name}: '{node.id}' reads '{src.ref}', inside the chain; only the "
                                     f"chain's last node may feed other nodes", source=source, node=node.id)

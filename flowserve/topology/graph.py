@@ -48,10 +48,13 @@ class Node:
     capture_topics: dict[str, str] = field(default_factory=dict)
 
     @property
+    def sources(self) -> list[Source]:
+        """Everything this node reads: each port's sources, then its triggers."""
+        return [*(s for sources in self.bindings.values() for s in sources), *self.triggers]
+
+    @property
     def input_topics(self) -> tuple[str, ...]:
-        topics = {s.topic for sources in self.bindings.values() for s in sources}
-        topics.update(s.topic for s in self.triggers)
-        return tuple(sorted(topics))
+        return tuple(sorted({s.topic for s in self.sources}))
 
     @property
     def needs_join(self) -> bool:
@@ -133,9 +136,7 @@ class Topology:
         """
         feeds: dict[str, set[str]] = {n: set() for n in self.nodes}  # node -> the nodes it reads from
         for node in self.nodes.values():
-            for src in [*(s for ss in node.bindings.values() for s in ss), *node.triggers]:
-                if src.node is not None:
-                    feeds[node.id].add(src.node)
+            feeds[node.id].update(src.node for src in node.sources if src.node is not None)
         todo = [n for n, node in self.nodes.items() if node.emits_outputs]
         todo += [src.node for src in self.outputs.values() if src.node is not None]
         seen: set[str] = set()
