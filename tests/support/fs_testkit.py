@@ -43,7 +43,7 @@ class WhereAmI(Component):
         return {"x": batch["x"]}
 
 
-# Members of fused chains (tests/topology/test_fuse.py, tests/integration/test_fuse.py): rows of 4 FP32.
+# Members of fused chains (tests/topology/test_fuse.py, tests/integration/test_fused_chain.py): rows of 4 FP32.
 ROW = Port("FP32", [-1, 4])
 
 
