@@ -40,27 +40,34 @@ class Step:
 def expand(body: dict[str, Any], request_id: str | None = None) -> list[dict[str, Any]]:
     """The per-request lineage records in one stored record (all, or ``request_id``'s only).
 
-    A batch record (``"v": 2``) expands to one dict per sampled request, each with the keys ``request_id,
-    topology, version, node, component, params_hash, weights_hash, inputs, outputs, batch {id, size,
-    index, rows}, timing {start_ms, batch_ms}, trace_id, span_id, error``; a per-request record (v1) is
-    returned as it is.
+    A stage's record (``"v": 3``: the batches gathered between two commits; ``"v": 2``: one batch)
+    expands to one dict per sampled request, each with the keys ``request_id, topology, version, node,
+    component, params_hash, weights_hash, inputs, outputs, batch {id, size, index, rows}, timing
+    {start_ms, batch_ms}, trace_id, span_id, error``; a per-request record (v1) is returned as it is.
     """
-    if body.get("v") != 2:
+    version = body.get("v")
+    if version == 3:
+        batches = [({"id": b.get("id"), "size": b.get("size")},
+                    {"start_ms": b.get("start_ms"), "batch_ms": b.get("batch_ms")}, b.get("requests", []))
+                   for b in body.get("batches", [])]
+    elif version == 2:
+        batches = [(body.get("batch", {}), dict(body.get("timing", {})), body.get("requests", []))]
+    else:
         return [body] if request_id is None or body.get("request_id") == request_id else []
-    topics = body.get("topics", [])
-    batch, out = body.get("batch", {}), []
-    for rid, index, rows, partition, inputs, outputs, trace_id, span_id, error in body.get("requests", []):
-        if request_id is not None and rid != request_id:
-            continue
-        out.append({
-            "v": 1, "request_id": rid, "topology": body.get("topology"), "version": body.get("version"),
-            "node": body.get("node"), "component": body.get("component"), "params_hash": body.get("params_hash"),
-            "weights_hash": body.get("weights_hash"),
-            "inputs": [[topics[t], p, o] for t, p, o in inputs],
-            "outputs": [[topics[t], partition, port] for t, port in outputs],
-            "batch": {"id": batch.get("id"), "size": batch.get("size"), "index": index, "rows": rows},
-            "timing": dict(body.get("timing", {})), "trace_id": trace_id, "span_id": span_id, "error": error,
-        })
+    topics, out = body.get("topics", []), []
+    for batch, timing, requests in batches:
+        for rid, index, rows, partition, inputs, outputs, trace_id, span_id, error in requests:
+            if request_id is not None and rid != request_id:
+                continue
+            out.append({
+                "v": 1, "request_id": rid, "topology": body.get("topology"), "version": body.get("version"),
+                "node": body.get("node"), "component": body.get("component"),
+                "params_hash": body.get("params_hash"), "weights_hash": body.get("weights_hash"),
+                "inputs": [[topics[t], p, o] for t, p, o in inputs],
+                "outputs": [[topics[t], partition, port] for t, port in outputs],
+                "batch": {"id": batch.get("id"), "size": batch.get("size"), "index": index, "rows": rows},
+                "timing": dict(timing), "trace_id": trace_id, "span_id": span_id, "error": error,
+            })
     return out
 
 

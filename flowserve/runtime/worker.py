@@ -119,7 +119,8 @@ class StageWorker(Emitter):
         self._started = False
         self.paused = False
         self._seen: dict[TP, int] = {}
-        self._inflight: tuple[list[Any], dict[TopicPartition, int]] | None = None
+        #: the batch awaiting its acknowledgements: futures, offsets, and whether it may commit (see _settle)
+        self._inflight: tuple[list[Any], dict[TopicPartition, int], bool] | None = None
         self._uncommitted: dict[TopicPartition, int] = {}
         self._last_commit = 0.0
         self.consumer = make_consumer(kafka, self.settings, group_id=topology.group_id(node_id),
@@ -288,6 +289,10 @@ class StageWorker(Emitter):
             await self._process(items, now)
         if self.capture is not None and self.capture.side_topic is not None:
             self.capture.side_reports()  # side reports finished off the loop (a detector's thread), even when idle
+        clean = True  # no lineage of this batch or before it left ungathered: it may commit
+        if self.capture is not None and self.capture.lineage_topic is not None:
+            due = not fetched or time.monotonic() - self._last_commit >= self.settings.commit_interval_ms / 1000
+            clean = self.capture.flush_lineage(force=due)
         sent, futures = await self.outbox.send() if self.outbox.count else (0, [])
         self.counters.records_out += sent
         if self._early:
@@ -300,30 +305,41 @@ class StageWorker(Emitter):
         if handled or futures:
             offsets = self._offsets(handled)
             if fetched:
-                self._inflight = (futures, offsets)
+                self._inflight = (futures, offsets, clean)
             else:
-                await self._settle(futures, offsets, force=True)
+                await self._settle(futures, offsets, clean, force=True)
         elif not fetched and self._uncommitted:
             await self._commit_pending()  # idle: do not leave acknowledged work uncommitted
 
     async def drain(self) -> None:
         """Wait for the batch in flight to be acknowledged and commit everything acknowledged."""
         previous, self._inflight = self._inflight, None
+        flushed: list[Any] = []
+        if self.capture is not None and self.capture.lineage_topic is not None:
+            self.capture.flush_lineage(force=True)
+            if self.outbox.count:
+                flushed = (await self.outbox.send())[1]
         if previous is not None:
-            await self._settle(*previous, force=True)
+            futures, offsets, _ = previous
+            await self._settle([*futures, *flushed], offsets, force=True)
+        elif flushed:
+            await asyncio.gather(*flushed)
         if self._uncommitted:
             await self._commit_pending()
 
-    async def _settle(self, futures: list[Any], offsets: dict[TopicPartition, int], *, force: bool = False) -> None:
+    async def _settle(self, futures: list[Any], offsets: dict[TopicPartition, int], clean: bool = True, *,
+                      force: bool = False) -> None:
         """Wait for a batch's acknowledgements; its offsets become committable only then.
 
         Under load, commits go out at most every ``commit_interval_ms`` (one broker round trip each), not
         after every batch; idle, rebalance and shutdown commit at once. A crash replays at most that much.
+        Not ``clean``: lineage of this batch is still being gathered (``StageCapture.flush_lineage``), so
+        nothing commits until a later batch carries it.
         """
         if futures:
             await asyncio.gather(*futures)
         self._uncommitted.update(offsets)
-        if self._uncommitted and (
+        if self._uncommitted and (clean or force) and (
             force or time.monotonic() - self._last_commit >= self.settings.commit_interval_ms / 1000
         ):
             await self._commit_pending()

@@ -79,13 +79,15 @@ async def test_sampling_picks_the_same_requests_at_every_node(kafka, unique_name
     lineage_records = await inspect_records(kafka, f"{unique_name}.lineage", last=1000)
     per_node: dict[str, list[str]] = {}
     batches: set[str] = set()
-    for r in lineage_records:  # one record per batch (key: batch id), listing its sampled requests
-        assert r.body["v"] == 2 and r.key == r.body["batch"]["id"] not in batches
-        batches.add(r.key)
+    for r in lineage_records:  # one record per commit (key: its first batch's id), listing sampled requests
+        assert r.body["v"] == 3 and r.key == r.body["batches"][0]["id"]
+        ids = [b["id"] for b in r.body["batches"]]
+        assert not batches & set(ids) and len(set(ids)) == len(ids)  # each batch in exactly one record
+        batches.update(ids)
         steps = expand(r.body)
-        assert 1 <= len(steps) <= r.body["batch"]["size"]
+        assert 1 <= len(steps) <= sum(b["size"] for b in r.body["batches"])
         for step in steps:
-            assert step["batch"]["id"] == r.key
+            assert step["batch"]["id"] in ids
             if step["request_id"] in xs:  # not wait_ready's probes
                 per_node.setdefault(step["node"], []).append(step["request_id"])
     assert {n: sorted(rids) for n, rids in per_node.items()} == {"a": sorted(expected), "b": sorted(expected)}
@@ -195,3 +197,19 @@ outputs: {{x: pre.x}}
     (entry,) = state.values()
     assert entry["windows"] >= 3 and entry["drift_windows"] >= 1, entry
     assert entry["latest"]["detector"] == "input_drift" and entry["latest"]["method"] == "ks"
+
+
+def test_expand_reads_gathered_v3_records_and_single_batch_v2_records() -> None:
+    fields = {"topology": "t", "version": "1", "node": "b", "component": "C", "params_hash": "p", "weights_hash": None}
+    entry = ["r1", 0, 1, 2, [[0, 2, 7]], [[1, "x"]], "ab" * 16, "cd" * 8, None]
+    v3 = {"v": 3, **fields, "topics": ["t.a.x", "t.b.x"], "batches": [
+        {"id": "b-1", "size": 3, "start_ms": 10, "batch_ms": 0.5, "requests": [entry]},
+        {"id": "b-2", "size": 1, "start_ms": 20, "batch_ms": 0.2, "requests": [["r2", *entry[1:]]]}]}
+    steps = expand(v3)
+    assert [(s["request_id"], s["batch"]["id"], s["timing"]["start_ms"]) for s in steps] == [
+        ("r1", "b-1", 10), ("r2", "b-2", 20)]
+    assert steps[0]["inputs"] == [["t.a.x", 2, 7]] and steps[0]["outputs"] == [["t.b.x", 2, "x"]]
+    assert [s["batch"]["id"] for s in expand(v3, "r2")] == ["b-2"]
+    v2 = {"v": 2, **fields, "topics": ["t.a.x", "t.b.x"], "batch": {"id": "b-1", "size": 3},
+          "timing": {"start_ms": 10, "batch_ms": 0.5}, "requests": [entry]}
+    assert expand(v2) == [steps[0]]

@@ -179,3 +179,73 @@ def test_windows_beyond_max_pending_are_skipped_not_queued() -> None:
     (report,) = _reports(d)
     assert report["rows_skipped"] == 20  # the two windows closed while the thread was busy
     d.close()
+
+
+@pytest.mark.parametrize(("n_ref", "n", "tied"), [(1000, 100, True), (300, 100, False), (50, 120, False),
+                                                  (200, 37, True)])
+def test_ks_feature_scores_equal_scipy_per_feature(n_ref: int, n: int, tied: bool) -> None:
+    from components.drift import ks_feature_scores
+
+    rng = np.random.default_rng(n_ref + n)
+    if tied:  # pixel-like: few distinct values, many ties within and across the samples
+        x_ref = rng.integers(0, 17, (n_ref, 8)).astype(np.float32) / 16
+        x = rng.integers(0, 17, (n, 8)).astype(np.float32) / 16
+    else:
+        x_ref = rng.normal(size=(n_ref, 8)).astype(np.float32)
+        x = rng.normal(0.2, 1.1, size=(n, 8)).astype(np.float32)
+    p_val, dist = ks_feature_scores(x_ref, x)
+    for f in range(x.shape[1]):
+        expected = stats.ks_2samp(x_ref[:, f], x[:, f], method="asymp")
+        assert dist[f] == np.float32(expected.statistic)
+        assert p_val[f] == pytest.approx(expected.pvalue, rel=1e-5, abs=1e-12)
+
+
+def test_the_ks_detector_decides_as_alibi_detects_own() -> None:
+    import alibi_detect.cd as cd
+
+    from components.drift import _ks_detector
+
+    ref = digits_reference().astype(np.float32)
+    ours, theirs = _ks_detector(cd)(ref, p_val=0.05), cd.KSDrift(ref, p_val=0.05)
+    for shift, amount in ((None, 0.0), ("noise", 0.3), ("brightness", 2.0)):
+        window = _digits(100, seed=5, shift=shift, amount=amount)
+        a, b = ours.predict(window)["data"], theirs.predict(window)["data"]
+        assert a["is_drift"] == b["is_drift"]
+        np.testing.assert_allclose(a["p_val"], b["p_val"], rtol=1e-5, atol=1e-12)
+        np.testing.assert_array_equal(a["distance"], b["distance"])
+
+
+def test_window_tests_rest_to_keep_to_their_cpu_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    import components.drift as drift
+
+    clock = {"cpu": 0.0, "now": 100.0}
+    slept: list[float] = []
+
+    class FakeTime:
+        @staticmethod
+        def thread_time() -> float:
+            return clock["cpu"]
+
+        @staticmethod
+        def monotonic() -> float:
+            return clock["now"]
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            slept.append(seconds)
+            clock["now"] += seconds
+
+    def a_test(*_: object) -> None:  # a window test that takes 40 ms of CPU
+        clock["cpu"] += 0.04
+        clock["now"] += 0.04
+
+    monkeypatch.setattr(drift, "time", FakeTime)
+    d = FeatureDrift.configure({"cpu_share": 0.2}, node="d")
+    d._test = a_test  # type: ignore[method-assign]
+    d._pending = 3
+    d._tested()
+    d._tested()
+    assert slept == [pytest.approx(0.16)]  # 40 ms of test, then 160 ms of rest: 20% of a CPU
+    clock["now"] += 1.0  # windows far apart: no rest needed
+    d._tested()
+    assert len(slept) == 1

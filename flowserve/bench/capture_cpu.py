@@ -1,0 +1,144 @@
+"""CPU per request with capture off and at 100%, every stage in one process, and the part spent in capture.
+
+Far less sensitive to this machine's drifting speed than throughput (though not immune: a slow stretch
+makes every instruction dearer)::
+
+    python -m flowserve.bench.capture_cpu [REQUESTS] [ROUNDS]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flowserve.bench.capture import CONCURRENCY, _inputs, _topology, _warm
+from flowserve.bench.common import console
+from flowserve.client import TopologyClient
+from flowserve.client.kafka import new_request_id
+from flowserve.runtime.settings import KafkaSettings
+
+
+def _median(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+
+
+def _cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of this process, all threads, or of another process by pid (Linux)."""
+    import os
+    import resource
+
+    if pid is None:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def capture_cpu(kafka: KafkaSettings, requests: int = 3000, rounds: int = 3,
+                      broker_pid: int | None = None) -> dict[str, Any]:
+    """CPU per request, capture off vs 100% (lineage and tracing on), every stage in this process.
+
+    Far less sensitive to a noisy machine than throughput: the digits topology runs in an
+    :class:`~flowserve.runtime.host.InlineHost` with the closed-loop load (``CONCURRENCY`` in flight) in
+    the same event loop; per configuration, the process's CPU seconds per request (workers and load
+    together), the broker's (when ``broker_pid`` is given), and the part spent inside
+    ``StageCapture.begin``/``end`` (capture's own cost, all stages together). Medians over rounds.
+    """
+    from flowserve.capture.stage import StageCapture
+    from flowserve.runtime.host import InlineHost
+    from flowserve.runtime.settings import WorkerSettings
+
+    spent = [0.0]
+    begin, end = StageCapture.begin, StageCapture.end
+
+    def timed_begin(self: StageCapture, group: Any) -> Any:
+        t = time.thread_time()
+        try:
+            return begin(self, group)
+        finally:
+            spent[0] += time.thread_time() - t
+
+    def timed_end(self: StageCapture, *args: Any) -> None:
+        t = time.thread_time()
+        try:
+            end(self, *args)
+        finally:
+            spent[0] += time.thread_time() - t
+
+    inputs = _inputs(1000)
+    _, probe = _topology(None)
+    for node in probe.nodes.values():
+        node.component.prepare()
+    runs: dict[str, list[dict[str, float]]] = {"off": [], "100pct": []}
+    StageCapture.begin, StageCapture.end = timed_begin, timed_end  # type: ignore[method-assign,assignment]
+    try:
+        for round_ in range(rounds):
+            for label, sample in (("off", None), ("100pct", 1.0)):
+                _, topology = _topology(sample)
+                async with InlineHost(topology, kafka, WorkerSettings(metrics_interval_s=0)), \
+                        TopologyClient(topology, kafka) as client:
+                    await _warm(client, inputs)
+                    spent[0] = 0.0
+                    c0, b0, t0 = _cpu_s(), _cpu_s(broker_pid) if broker_pid else 0.0, time.perf_counter()
+                    done = await _closed_loop(client, inputs, requests)
+                    if sample is not None:
+                        from flowserve.capture.tracing import flush
+
+                        flush()
+                    c1, b1, t1 = _cpu_s(), _cpu_s(broker_pid) if broker_pid else 0.0, time.perf_counter()
+                result = {"process_us": (c1 - c0) / done * 1e6, "broker_us": (b1 - b0) / done * 1e6,
+                          "capture_us": spent[0] / done * 1e6, "throughput_rps": done / (t1 - t0)}
+                runs[label].append(result)
+                console.print(f"round {round_ + 1}/{rounds} capture {label:>6}: process {result['process_us']:.0f} "
+                              f"us/req, in capture {result['capture_us']:.1f} us/req, broker "
+                              f"{result['broker_us']:.0f} us/req, {result['throughput_rps']:.0f} req/s")
+    finally:
+        StageCapture.begin, StageCapture.end = begin, end  # type: ignore[method-assign]
+    off, full = _median(runs["off"]), _median(runs["100pct"])
+    ratio = (off["process_us"] + off["broker_us"]) / (full["process_us"] + full["broker_us"])
+    console.print(f"capture's own CPU: {full['capture_us']:.1f} us/req; CPU per request off / 100%: {ratio:.3f}")
+    return {"workload": "capture-cpu", "requests": requests, "rounds": rounds, "off": off, "100pct": full,
+            "cpu_ratio_off_vs_100pct": ratio, "per_round": runs}
+
+
+async def _closed_loop(client: TopologyClient, inputs: list[dict[str, np.ndarray]], n: int) -> int:
+    """``n`` requests with ``CONCURRENCY`` in flight; returns how many were answered."""
+    inflight: set[asyncio.Future[Any]] = set()
+    sent = done = 0
+    while done < n:
+        while sent < n and len(inflight) < CONCURRENCY:
+            rid = new_request_id()
+            inflight.add(client.expect(rid))
+            await client.queue(inputs[sent % len(inputs)], request_id=rid, timeout_ms=60_000)
+            sent += 1
+        await client.flush()
+        finished, inflight = await asyncio.wait(inflight, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        if not finished:
+            raise TimeoutError(f"no reply within 60 s ({len(inflight)} in flight)")
+        for future in finished:
+            assert future.result().error is None
+            done += 1
+    return done
+
+
+def main() -> None:
+    """``python -m flowserve.bench.capture_cpu [REQUESTS] [ROUNDS]``: :func:`capture_cpu` on an embedded broker."""
+    import json
+    import sys
+
+    from flowserve.runtime.brokers import running_broker
+
+    requests = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    with running_broker("embedded") as broker:
+        pid = broker._nodes[0].process.pid if broker._nodes[0].process else None  # type: ignore[attr-defined]
+        result = asyncio.run(capture_cpu(KafkaSettings(bootstrap=broker.bootstrap), requests, rounds, pid))
+    print(json.dumps(result, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Comparisons of configurations measured in interleaved slices, with intervals that respect the slices.
+
+This machine's speed drifts on its own: a fixed pure-Python loop takes 15 ms for a few seconds, then 25 ms
+for a few more, with nothing else running (a VM whose host is shared). A configuration measured in one
+block of seconds can land on a slow stretch and another on a fast one, which showed as ±30% between runs
+of the same configuration. So the benches alternate configurations in short slices (a few seconds, shorter
+than those stretches), slice ``i`` of every configuration taken back to back, and compare them over all
+slices. Slowness then falls on every side alike.
+
+Intervals come from a bootstrap over slice indices, each resample keeping slice ``i`` of every side
+together: latencies within a slice are not independent (a stall delays everything in flight), so
+resampling single latencies would claim more certainty than the data has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+RESAMPLES = 1000
+
+
+@dataclass(slots=True)
+class Slice:
+    """One slice of one configuration: requests answered, seconds taken, their latencies in ms."""
+
+    requests: int
+    seconds: float
+    latencies: list[float] = field(default_factory=list)
+
+
+def throughput(slices: Sequence[Slice]) -> float:
+    """Requests per second over all slices (total requests / total time)."""
+    return sum(s.requests for s in slices) / sum(s.seconds for s in slices)
+
+
+def p99(latencies: Sequence[float] | np.ndarray) -> float:
+    return float(np.percentile(latencies, 99))
+
+
+def summary(slices: Sequence[Slice]) -> dict[str, float]:
+    """Throughput over all slices, and p50/p99 of every latency in them."""
+    pooled = [x for s in slices for x in s.latencies]
+    return {"throughput_rps": throughput(slices), "p50_ms": float(np.percentile(pooled, 50)), "p99_ms": p99(pooled),
+            "n": len(pooled), "slices": len(slices)}
+
+
+def _resamples(count: int, resamples: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, count, (resamples, count))
+
+
+def throughput_ratio(a: Sequence[Slice], b: Sequence[Slice], *, resamples: int = RESAMPLES,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """Throughput of ``a`` / throughput of ``b`` over paired slices, and its 95% bootstrap interval."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"need the same number of slices on both sides, got {len(a)} and {len(b)}")
+    req = np.array([[s.requests for s in a], [s.requests for s in b]], dtype=float)
+    sec = np.array([[s.seconds for s in a], [s.seconds for s in b]], dtype=float)
+    idx = _resamples(len(a), resamples, seed)
+    rate = req[:, idx].sum(axis=2) / sec[:, idx].sum(axis=2)  # (2, resamples)
+    low, high = np.percentile(rate[0] / rate[1], [2.5, 97.5])
+    return throughput(a) / throughput(b), float(low), float(high)
+
+
+def p99_ratio(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], *, q: float = 99,
+              resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float, float]:
+    """The ``q``th percentile (p99 by default) of every latency in ``a`` over that of ``b`` (``a[i]``,
+    ``b[i]``: slice ``i``'s latencies on each side), and its 95% bootstrap interval over slice pairs."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"need the same number of slices on both sides, got {len(a)} and {len(b)}")
+    xa, xb = [np.asarray(s, dtype=float) for s in a], [np.asarray(s, dtype=float) for s in b]
+    point = float(np.percentile(np.concatenate(xa), q) / np.percentile(np.concatenate(xb), q))
+    ratios = np.empty(resamples)
+    for k, pick in enumerate(_resamples(len(a), resamples, seed)):
+        ratios[k] = (np.percentile(np.concatenate([xa[i] for i in pick]), q)
+                     / np.percentile(np.concatenate([xb[i] for i in pick]), q))
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return point, float(low), float(high)
