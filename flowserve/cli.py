@@ -331,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cell-seconds", type=float, default=3.0, help="batching: seconds of traffic per load cell")
     p.add_argument("--slice-seconds", type=float, default=2.0,
                    help="capture: configurations take turns in slices this long")
+    p.add_argument("--only", choices=["saturation", "detector"], help="capture: run one part of the bench")
     p.set_defaults(func=cmd_bench)
     return parser
 

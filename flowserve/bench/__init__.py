@@ -25,7 +25,9 @@ def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> 
     if workload == "capture":
         from flowserve.bench.capture import capture_bench
 
-        return asyncio.run(capture_bench(kafka, rate=args.rate, seconds=args.seconds, slice_s=args.slice_seconds))
+        parts = (args.only,) if getattr(args, "only", None) else ("saturation", "detector")
+        return asyncio.run(capture_bench(kafka, rate=args.rate, seconds=args.seconds, slice_s=args.slice_seconds,
+                                         parts=parts))
     if workload == "batching":
         from flowserve.bench.batching import batching
 

