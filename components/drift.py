@@ -32,6 +32,7 @@ them). Its worker process also runs at a lower OS priority (``flowserve.capture.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import threading
@@ -356,21 +357,19 @@ def _kstwo_sf(dist: np.ndarray, n: float) -> np.ndarray:
     return np.asarray([_SF[(k, n)] for k in keys])
 
 
-_KS: dict[int, type] = {}
-
-
+@functools.cache
 def _ks_detector(cd: Any) -> type:
     """alibi-detect's ``KSDrift`` with :func:`ks_feature_scores` in place of its per-feature loop; the
-    rest (correction, threshold, the result's format) is alibi-detect's own."""
-    if id(cd) not in _KS:
-        class KSDrift(cd.KSDrift):
-            def feature_score(self, x_ref: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-                if self.alternative != "two-sided":
-                    return super().feature_score(x_ref, x)
-                return ks_feature_scores(x_ref.reshape(len(x_ref), -1), x.reshape(len(x), -1))
+    rest (correction, threshold, the result's format) is alibi-detect's own. ``cd``: ``alibi_detect.cd``,
+    imported by the caller (lazily)."""
 
-        _KS[id(cd)] = KSDrift
-    return _KS[id(cd)]
+    class KSDrift(cd.KSDrift):
+        def feature_score(self, x_ref: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            if self.alternative != "two-sided":
+                return super().feature_score(x_ref, x)
+            return ks_feature_scores(x_ref.reshape(len(x_ref), -1), x.reshape(len(x), -1))
+
+    return KSDrift
 
 
 def _2d(a: np.ndarray) -> np.ndarray:

@@ -23,9 +23,9 @@ def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> 
 
         return asyncio.run(gateway_bench(kafka, seconds=args.seconds))
     if workload == "capture":
-        from flowserve.bench.capture import capture_bench
+        from flowserve.bench.capture import PARTS, capture_bench
 
-        parts = (args.only,) if getattr(args, "only", None) else ("saturation", "detector")
+        parts = (args.only,) if getattr(args, "only", None) else PARTS
         return asyncio.run(capture_bench(kafka, rate=args.rate, seconds=args.seconds, slice_s=args.slice_seconds,
                                          parts=parts))
     if workload == "batching":

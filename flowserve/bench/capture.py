@@ -197,7 +197,7 @@ async def _saturation(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]],
     for label in ("10pct", "100pct"):
         ratio, low, high = paired.throughput_ratio(slices[label], slices["off"])
         result[f"throughput_{label}_vs_off"] = {"ratio": ratio, "95ci": [low, high]}
-        ratio, low, high = paired.p99_ratio([s.latencies for s in slices[label]],
+        ratio, low, high = paired.percentile_ratio([s.latencies for s in slices[label]],
                                             [s.latencies for s in slices["off"]])
         result[f"p99_{label}_vs_off"] = {"ratio": ratio, "95ci": [low, high]}
     result["slice_throughput_rps"] = {label: [round(s.requests / s.seconds) for s in v] for label, v in slices.items()}
@@ -233,9 +233,9 @@ async def _detector(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]], t
     # p99 is made of a few stalls (the broker's, the host's) whichever side they fall on, so its interval
     # is wide; the lower percentiles show whether the detector moves the body of the distribution.
     for q in (50, 90, 99):
-        ratio, low, high = paired.p99_ratio(latencies["with"], latencies["without"], q=q)
+        ratio, low, high = paired.percentile_ratio(latencies["with"], latencies["without"], q=q)
         result[f"p{q}_detector_vs_none"] = {"ratio": ratio, "95ci": [low, high]}
-        ratio, low, high = paired.p99_ratio(latencies["without_again"], latencies["without"], q=q)
+        ratio, low, high = paired.percentile_ratio(latencies["without_again"], latencies["without"], q=q)
         result[f"p{q}_none_vs_none"] = {"ratio": ratio, "95ci": [low, high]}
     return result
 

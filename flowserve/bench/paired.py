@@ -64,7 +64,7 @@ def throughput_ratio(a: Sequence[Slice], b: Sequence[Slice], *, resamples: int =
     return throughput(a) / throughput(b), float(low), float(high)
 
 
-def p99_ratio(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], *, q: float = 99,
+def percentile_ratio(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], *, q: float = 99,
               resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float, float]:
     """The ``q``th percentile (p99 by default) of every latency in ``a`` over that of ``b`` (``a[i]``,
     ``b[i]``: slice ``i``'s latencies on each side), and its 95% bootstrap interval over slice pairs."""

@@ -290,7 +290,7 @@ class StageCapture:
             if self._spans is not None:
                 self._export_spans(tap, failed)
             if lineage:
-                self._lineage(tap, entries, topics, batch_ms, group[tap.index[0]].ready.partition)
+                self._lineage(tap, entries, batch_ms, group[tap.index[0]].ready.partition)
         if self.side_topic is not None:
             self._drain_reports()
 
@@ -343,8 +343,7 @@ class StageCapture:
             return f"[{topics.setdefault(topic, len(topics))},{int(partition)},{int(offset)}]"
         return ""
 
-    def _lineage(self, tap: Tap, entries: list[str], topics: dict[str, int], batch_ms: float,
-                 partition: int) -> None:
+    def _lineage(self, tap: Tap, entries: list[str], batch_ms: float, partition: int) -> None:
         """Add the batch to the lineage record being gathered (written by :meth:`flush_lineage`)."""
         text = (f'{{"id":{_jstr(tap.batch_id)},"size":{len(tap.group)},"start_ms":{tap.started_ms},'
                 f'"batch_ms":{batch_ms},"requests":[{",".join(entries)}]}}')

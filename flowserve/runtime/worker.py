@@ -291,8 +291,7 @@ class StageWorker(Emitter):
             self.capture.side_reports()  # side reports finished off the loop (a detector's thread), even when idle
         clean = True  # no lineage of this batch or before it left ungathered: it may commit
         if self.capture is not None and self.capture.lineage_topic is not None:
-            due = not fetched or time.monotonic() - self._last_commit >= self.settings.commit_interval_ms / 1000
-            clean = self.capture.flush_lineage(force=due)
+            clean = self.capture.flush_lineage(force=not fetched or self._commit_due())
         sent, futures = await self.outbox.send() if self.outbox.count else (0, [])
         self.counters.records_out += sent
         if self._early:
@@ -339,10 +338,12 @@ class StageWorker(Emitter):
         if futures:
             await asyncio.gather(*futures)
         self._uncommitted.update(offsets)
-        if self._uncommitted and (clean or force) and (
-            force or time.monotonic() - self._last_commit >= self.settings.commit_interval_ms / 1000
-        ):
+        if self._uncommitted and (force or (clean and self._commit_due())):
             await self._commit_pending()
+
+    def _commit_due(self) -> bool:
+        """Under load, a commit goes out at most every ``commit_interval_ms``."""
+        return time.monotonic() - self._last_commit >= self.settings.commit_interval_ms / 1000
 
     async def _commit_pending(self) -> None:
         offsets, self._uncommitted = self._uncommitted, {}

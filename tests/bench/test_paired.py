@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flowserve.bench.paired import Slice, p99_ratio, summary, throughput, throughput_ratio
+from flowserve.bench.paired import Slice, percentile_ratio, summary, throughput, throughput_ratio
 
 
 def _slices(rates: list[float], seconds: float = 2.0) -> list[Slice]:
@@ -32,10 +32,10 @@ def test_slice_noise_widens_the_interval_around_the_ratio() -> None:
     assert low < 1.0 < high
 
 
-def test_p99_ratio_of_scaled_latencies_is_the_scale() -> None:
+def test_percentile_ratio_of_scaled_latencies_is_the_scale() -> None:
     rng = np.random.default_rng(1)
     slices = [list(rng.exponential(5.0, 300)) for _ in range(10)]
-    ratio, low, high = p99_ratio([[1.2 * x for x in s] for s in slices], slices)
+    ratio, low, high = percentile_ratio([[1.2 * x for x in s] for s in slices], slices)
     assert ratio == pytest.approx(1.2)
     assert low == pytest.approx(1.2) and high == pytest.approx(1.2)
 
@@ -46,14 +46,14 @@ def test_p99_interval_resamples_whole_slices() -> None:
     a = [list(rng.exponential(5.0, 200)) for _ in range(10)]
     b = [list(rng.exponential(5.0, 200)) for _ in range(10)]
     a[3] = a[3] + [500.0] * 30  # more than 1% of all latencies: p99 is the stall when slice 3 is drawn
-    ratio, low, high = p99_ratio(a, b)
+    ratio, low, high = percentile_ratio(a, b)
     assert low < 1.5 < ratio <= high
 
 
-@pytest.mark.parametrize("compare", [throughput_ratio, p99_ratio])
+@pytest.mark.parametrize("compare", [throughput_ratio, percentile_ratio])
 def test_sides_must_have_as_many_slices(compare: object) -> None:
     with pytest.raises(ValueError, match="same number of slices"):
         if compare is throughput_ratio:
             throughput_ratio(_slices([1.0]), _slices([1.0, 2.0]))
         else:
-            p99_ratio([[1.0]], [[1.0], [2.0]])
+            percentile_ratio([[1.0]], [[1.0], [2.0]])
