@@ -11,12 +11,15 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from flowserve.errors import FlowserveError
+
+if TYPE_CHECKING:
+    from flowserve.runtime.settings import KafkaSettings
 
 console = Console(stderr=True)
 out = Console()
@@ -29,10 +32,10 @@ def _topology(path: str):  # noqa: ANN202 - returns flowserve.topology.Topology
 
 
 @contextlib.contextmanager
-def _broker(address: str | None, kind: str, *, server_jvm: bool = False) -> Iterator[str]:
-    """Yield a bootstrap address: the given one, or a broker started here for the duration."""
+def _broker(address: str | None, kind: str, *, server_jvm: bool = False) -> Iterator[KafkaSettings]:
+    """Yield how to reach the given broker, or one started here for the duration."""
     if address:
-        yield address
+        yield _kafka(address)
         return
     from flowserve.runtime.brokers import start_broker
 
@@ -41,12 +44,12 @@ def _broker(address: str | None, kind: str, *, server_jvm: bool = False) -> Iter
     note = " (memory only: data is gone when flowserve exits)" if kind == "embedded" else ""
     console.print(f"[green]broker[/] {broker.name} at {broker.bootstrap}{note}")
     try:
-        yield broker.bootstrap
+        yield broker.settings()
     finally:
         broker.stop()
 
 
-def _kafka(bootstrap: str):  # noqa: ANN202
+def _kafka(bootstrap: str) -> KafkaSettings:
     from flowserve.runtime.settings import KafkaSettings
 
     return KafkaSettings.from_env(bootstrap)
@@ -152,8 +155,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     topology = _topology(args.topology)
     with console.status("preparing components…"):
         _prepare(topology)
-    with _broker(args.broker, args.broker_kind) as bootstrap:
-        kafka = _kafka(bootstrap)
+    with _broker(args.broker, args.broker_kind) as kafka:
         host = ProcessHost(Path(args.topology), topology, kafka,
                            log_dir=Path(args.log_dir) if args.log_dir else None)
         asyncio.run(create_topology_topics(topology, kafka))
@@ -204,12 +206,17 @@ def _sample(topology: Any, kafka: Any, args: argparse.Namespace) -> int:
 
 def cmd_broker(args: argparse.Namespace) -> int:
     from flowserve.runtime.brokers import ApacheKafka, EmbeddedBroker
+    from flowserve.runtime.settings import KafkaSettings
 
     if args.kind == "embedded":
         broker: Any = EmbeddedBroker.start(port=args.port)
     else:
         broker = ApacheKafka.start(nodes=args.nodes, port=args.port)
     print(broker.bootstrap, flush=True)
+    if broker.fetch_max_wait_ms != KafkaSettings.model_fields["fetch_max_wait_ms"].default:
+        # it answers a fetch only when the fetch's wait ends: clients elsewhere must keep the wait short
+        print(f"clients of this broker: export FLOWSERVE_FETCH_MAX_WAIT_MS={broker.fetch_max_wait_ms}",
+              file=sys.stderr, flush=True)
     try:
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     finally:
@@ -221,8 +228,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from flowserve.bench import run_bench
 
     # Apache Kafka as its start script runs it: the test suite's fast-start JVM would be measured instead
-    with _broker(args.broker, args.broker_kind, server_jvm=True) as bootstrap:
-        result = run_bench(args.workload, _kafka(bootstrap), args)
+    with _broker(args.broker, args.broker_kind, server_jvm=True) as kafka:
+        result = run_bench(args.workload, kafka, args)
     print(json.dumps(result))
     return 0
 

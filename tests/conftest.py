@@ -32,9 +32,8 @@ def broker(request: pytest.FixtureRequest) -> Iterator[object]:
 
 @pytest.fixture
 def kafka(broker: object):  # noqa: ANN201
-    from flowserve.runtime.settings import KafkaSettings
 
-    return KafkaSettings(bootstrap=broker.bootstrap)  # type: ignore[attr-defined]
+    return broker.settings()  # type: ignore[attr-defined]
 
 
 @pytest.fixture

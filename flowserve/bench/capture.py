@@ -7,12 +7,13 @@ machine's speed drifts by tens of percent over seconds on its own (:mod:`flowser
 1. Throughput at saturation (closed loop, ``CONCURRENCY`` requests in flight) of the digits topology with
    capture off, 10% and 100% of requests captured (lineage records and OpenTelemetry spans for each
    captured request). The three are deployed side by side and take the load in turn, one slice each
-   (the order rotates), ``seconds`` in all per configuration; ratios to off with 95% intervals.
-2. The critical path's p99 at a steady ``rate`` (open loop) in one deployment with a drift detector
-   process on ``pre.x`` (a side branch), running for one slice and SIGSTOPped for two, ``seconds`` in all
-   for each; p99(with) / p99(without) over every slice, with a 95% interval, next to the same ratio of
-   the two stopped sides (an A/A comparison: the measurement's own noise floor). On SIGCONT the detector
-   first catches up what it missed, so its "with" slices are its busiest.
+   (in :func:`~flowserve.bench.paired.balanced_order`), ``seconds`` in all per configuration; ratios to
+   off with 95% intervals.
+2. The critical path's p50, p90 and p99 at a steady ``rate`` (open loop): the digits topology deployed
+   three times side by side, once with a drift detector process on ``pre.x`` (a side branch) and twice
+   without, taking the load in turn, ``seconds`` in all for each; percentile(detector) / percentile(both
+   without) over every slice, with a 95% interval, next to the ratio of the two without (an A/A comparison:
+   the measurement's own noise floor).
 
 ::
 
@@ -25,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -71,6 +70,8 @@ SLICE_S = 2.0
 SATURATION = {"off": None, "10pct": 0.1, "100pct": 1.0}
 #: the bench's two parts (``flowserve bench capture --only PART`` runs one)
 PARTS = ("saturation", "detector")
+#: part 2's deployments: with a detector, without, and a second without (the A/A control)
+DETECTOR_SIDES = ("detector", "none", "none_again")
 
 
 def _topology(sample: float | None, detector: bool = False) -> tuple[str, Topology]:
@@ -185,13 +186,11 @@ async def _saturation(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]],
         for client in clients.values():
             await _warm(client, inputs)
             await _saturate(client, inputs, slice_s)  # batch sizes and caches at load, not measured
-        labels = list(SATURATION)
-        count = _slices(seconds, slice_s)
-        for i in range(count):
-            for label in labels[i % len(labels):] + labels[:i % len(labels)]:
-                slices[label].append(await _saturate(clients[label], inputs, slice_s))
-            if (i + 1) % max(1, count // 4) == 0 or i + 1 == count:
-                console.print(f"slice {i + 1}/{count}: " + ", ".join(
+        order = paired.balanced_order(list(SATURATION), _slices(seconds, slice_s))
+        for i, label in enumerate(order):
+            slices[label].append(await _saturate(clients[label], inputs, slice_s))
+            if (i + 1) % max(1, len(order) // 4) == 0 or i + 1 == len(order):
+                console.print(f"slice {i + 1}/{len(order)}: " + ", ".join(
                     f"{label} {paired.throughput(s):.0f} req/s" for label, s in slices.items()))
     result: dict[str, Any] = {label: paired.summary(s) for label, s in slices.items()}
     for label in ("10pct", "100pct"):
@@ -206,36 +205,41 @@ async def _saturation(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]],
 
 async def _detector(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]], tmp: Path, rate: float,
                     seconds: float, slice_s: float) -> dict[str, Any]:
-    """Part 2: one deployment with a detector, running for one slice and SIGSTOPped for two, in rotating
-    order. The two stopped slices give the measurement's own noise floor: their ratio (an A/A comparison,
-    nothing differs) is what the detector's ratio must be read against. A slice is shorter than a session
-    timeout, so the detector's group does not rebalance while it is stopped."""
-    latencies: dict[str, list[list[float]]] = {"with": [], "without": [], "without_again": []}
-    text, topology = _topology(None, detector=True)
-    async with _deployed(kafka, text, topology, tmp) as (host, client):
-        await _warm(client, inputs)
-        await _first_report(kafka, topology)
-        detector = host.procs["input_drift"][0].pid
-        labels = list(latencies)
-        try:
-            count = _slices(seconds, slice_s)
-            for i in range(count):
-                for label in labels[i % 3:] + labels[:i % 3]:
-                    os.kill(detector, signal.SIGCONT if label == "with" else signal.SIGSTOP)
-                    latencies[label].append(await _steady(client, inputs, rate, slice_s))
-                if (i + 1) % max(1, count // 4) == 0 or i + 1 == count:
-                    console.print(f"slice {i + 1}/{count} at {rate:.0f} req/s: p99 " + ", ".join(
-                        f"{label} {paired.p99([x for s in v for x in s]):.1f} ms" for label, v in latencies.items()))
-        finally:
-            os.kill(detector, signal.SIGCONT)
+    """Part 2: three deployments side by side, one with a detector and two without, taking the open-loop
+    load in turn, one slice each (paired.balanced_order). The detector runs throughout, as it would in
+    production: it works while its deployment has traffic and waits on its fetches otherwise. The two
+    deployments without one give the measurement's own noise floor: their ratio (an A/A comparison,
+    nothing differs) is what the detector's ratio must be read against."""
+    latencies: dict[str, list[list[float]]] = {label: [] for label in DETECTOR_SIDES}
+    async with contextlib.AsyncExitStack() as stack:
+        clients: dict[str, TopologyClient] = {}
+        for label in DETECTOR_SIDES:
+            text, topology = _topology(None, detector=label == "detector")
+            _, clients[label] = await stack.enter_async_context(_deployed(kafka, text, topology, tmp))
+            if label == "detector":
+                watched = topology
+        for client in clients.values():
+            await _warm(client, inputs)
+        await _first_report(kafka, watched)
+        for client in clients.values():
+            await _steady(client, inputs, rate, slice_s)  # at the rate before measuring, not measured
+        order = paired.balanced_order(DETECTOR_SIDES, _slices(seconds, slice_s))
+        for i, label in enumerate(order):
+            latencies[label].append(await _steady(clients[label], inputs, rate, slice_s))
+            if (i + 1) % max(1, len(order) // 4) == 0 or i + 1 == len(order):
+                console.print(f"slice {i + 1}/{len(order)} at {rate:.0f} req/s: p99 " + ", ".join(
+                    f"{label} {paired.p99([x for s in v for x in s]):.1f} ms" for label, v in latencies.items()))
     result: dict[str, Any] = {label: paired.summary([Slice(len(s), slice_s, s) for s in v])
                               for label, v in latencies.items()}
     # p99 is made of a few stalls (the broker's, the host's) whichever side they fall on, so its interval
     # is wide; the lower percentiles show whether the detector moves the body of the distribution.
+    # Deployments differ a little on their own (the A/A ratio), so the detector's is taken against both
+    # without: slice i of the reference is slice i of each.
+    without = [a + b for a, b in zip(latencies["none"], latencies["none_again"], strict=True)]
     for q in (50, 90, 99):
-        ratio, low, high = paired.percentile_ratio(latencies["with"], latencies["without"], q=q)
+        ratio, low, high = paired.percentile_ratio(latencies["detector"], without, q=q)
         result[f"p{q}_detector_vs_none"] = {"ratio": ratio, "95ci": [low, high]}
-        ratio, low, high = paired.percentile_ratio(latencies["without_again"], latencies["without"], q=q)
+        ratio, low, high = paired.percentile_ratio(latencies["none_again"], latencies["none"], q=q)
         result[f"p{q}_none_vs_none"] = {"ratio": ratio, "95ci": [low, high]}
     return result
 

@@ -136,7 +136,7 @@ def main() -> None:
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     with running_broker("embedded") as broker:
         pid = broker._nodes[0].process.pid if broker._nodes[0].process else None  # type: ignore[attr-defined]
-        result = asyncio.run(capture_cpu(KafkaSettings(bootstrap=broker.bootstrap), requests, rounds, pid))
+        result = asyncio.run(capture_cpu(broker.settings(), requests, rounds, pid))
     print(json.dumps(result, separators=(",", ":")))
 
 

@@ -88,7 +88,7 @@ async def _raw_chain(kafka: KafkaSettings, rate: float, seconds: float) -> dict[
 
     async def stage(src: str, dst: str) -> None:
         consumer = AIOKafkaConsumer(src, group_id=f"{src}.g", enable_auto_commit=False,
-                                    auto_offset_reset="earliest", fetch_max_wait_ms=5,
+                                    auto_offset_reset="earliest", fetch_max_wait_ms=kafka.fetch_max_wait_ms,
                                     session_timeout_ms=10_000, heartbeat_interval_ms=1000, **kafka.client_kwargs())
         await consumer.start()
         try:
@@ -106,7 +106,7 @@ async def _raw_chain(kafka: KafkaSettings, rate: float, seconds: float) -> dict[
     for i in range(HOPS - 1):
         stages.append(asyncio.create_task(stage(topics[i], topics[i + 1])))
     waiters: dict[bytes, asyncio.Future[None]] = {}
-    reader = AIOKafkaConsumer(group_id=None, fetch_max_wait_ms=5, **kafka.client_kwargs())
+    reader = AIOKafkaConsumer(group_id=None, fetch_max_wait_ms=kafka.fetch_max_wait_ms, **kafka.client_kwargs())
     await reader.start()
     tps = [TopicPartition(topics[HOPS - 1], p) for p in range(PARTITIONS)]
     reader.assign(tps)

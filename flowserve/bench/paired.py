@@ -31,6 +31,23 @@ class Slice:
     latencies: list[float] = field(default_factory=list)
 
 
+def balanced_order(labels: Sequence[str], rounds: int) -> list[str]:
+    """The order in which configurations take their slices: each label ``rounds`` times (rounded up to a
+    multiple of ``len(labels) - 1``), and every label right after every other equally often.
+
+    Rotating the order is not enough: with three, ``abc bca cab`` puts ``a`` after ``c`` twice and after
+    ``b`` once, so whatever a configuration leaves behind (a detector finishing its last windows, a
+    broker cleaning up) lands more on one neighbour than the other. Here, for a prime number of labels,
+    the walks ``0, k, 2k, ...`` (mod n) for ``k = 1 .. n-1`` together take every ordered pair once:
+    ``abc acb`` for three.
+    """
+    n = len(labels)
+    if n < 2 or any(n % d == 0 for d in range(2, n)):
+        raise ValueError(f"need a prime number of configurations (2, 3, 5, ...), got {n}")
+    period = [labels[(i * k) % n] for k in range(1, n) for i in range(n)]
+    return period * -(-rounds // (n - 1))
+
+
 def throughput(slices: Sequence[Slice]) -> float:
     """Requests per second over all slices (total requests / total time)."""
     return sum(s.requests for s in slices) / sum(s.seconds for s in slices)

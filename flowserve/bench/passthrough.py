@@ -54,7 +54,7 @@ async def _fill(kafka: KafkaSettings, topic: str, records: int) -> None:
 
 def _consumer(kafka: KafkaSettings, group: str) -> AIOKafkaConsumer:
     return AIOKafkaConsumer(group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
-                            fetch_max_wait_ms=5, max_partition_fetch_bytes=4 * 1_048_576,
+                            fetch_max_wait_ms=kafka.fetch_max_wait_ms, max_partition_fetch_bytes=4 * 1_048_576,
                             session_timeout_ms=10_000, heartbeat_interval_ms=1000, **kafka.client_kwargs())
 
 

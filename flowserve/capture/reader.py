@@ -85,6 +85,7 @@ class Reader:
     def __init__(self, kafka: KafkaSettings, *, timeout_s: float = 30.0) -> None:
         self.kafka = kafka
         self.timeout_s = timeout_s
+        # A one-off read that learns an empty partition's end from a fetch response: a short broker wait.
         self._consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False, fetch_max_wait_ms=5,
                                           auto_offset_reset="earliest", max_partition_fetch_bytes=_FETCH_BYTES,
                                           fetch_max_bytes=_FETCH_BYTES, **kafka.client_kwargs())

@@ -437,7 +437,7 @@ def worker_process(topology: Topology, node_id: str, settings: WorkerSettings) -
     torch = sys.modules.get("torch")  # already imported with the topology's components: too late for the env
     if torch is not None:
         torch.set_num_threads(1)
-    return settings.model_copy(update={"fetch_max_wait_ms": max(settings.fetch_max_wait_ms, SIDE_FETCH_WAIT_MS),
+    return settings.model_copy(update={"fetch_max_wait_ms": max(settings.fetch_max_wait_ms or 0, SIDE_FETCH_WAIT_MS),
                                        "poll_timeout_ms": max(settings.poll_timeout_ms, SIDE_POLL_MS),
                                        "fetch_min_bytes": max(settings.fetch_min_bytes, SIDE_FETCH_MIN_BYTES)})
 

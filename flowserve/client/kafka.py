@@ -62,7 +62,8 @@ class TopologyClient:
     async def start(self) -> None:
         await self._producer.start()
         self._consumer = AIOKafkaConsumer(
-            group_id=None, enable_auto_commit=False, fetch_max_wait_ms=5, **self.kafka.client_kwargs()
+            group_id=None, enable_auto_commit=False, fetch_max_wait_ms=self.kafka.fetch_max_wait_ms,
+            **self.kafka.client_kwargs(),
         )
         await self._consumer.start()
         tps = [TopicPartition(self.topology.outputs_topic, p) for p in range(self.partitions)]

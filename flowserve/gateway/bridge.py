@@ -111,7 +111,8 @@ class KafkaBridge:
             await self._producer.start()
         except Exception as exc:
             raise BrokerError(f"cannot reach Kafka at {self.kafka.bootstrap}: {exc!r}") from None
-        self._consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False, fetch_max_wait_ms=5,
+        self._consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False,
+                                          fetch_max_wait_ms=self.kafka.fetch_max_wait_ms,
                                           client_id=f"fs-gateway-{self.instance}", **self.kafka.client_kwargs())
         await self._consumer.start()
         tps = [TopicPartition(self.reply_topic(t), p) for t in self.topologies for p in range(t.spec.partitions)]

@@ -95,15 +95,22 @@ class ProcessHost:
         return [sys.executable, "-m", "flowserve", "worker", str(self.topology_path), node_id,
                 "--broker", self.kafka.bootstrap, *self.extra_args]
 
+    def environment(self) -> dict[str, str]:
+        """A worker's environment: a worker reads its connection from ``--broker`` and ``FLOWSERVE_*``
+        variables, so what suits this broker beyond its address goes there."""
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env["FLOWSERVE_FETCH_MAX_WAIT_MS"] = str(self.kafka.fetch_max_wait_ms)
+        return env
+
     def spawn(self, node_id: str) -> subprocess.Popen[bytes]:
         out: int | object = subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             n = len(self.procs.get(node_id, []))
             out = open(self.log_dir / f"{node_id}-{n}.log", "ab")  # noqa: SIM115 - owned by the child
-        env = dict(os.environ)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        proc = subprocess.Popen(self.command(node_id), stdout=out, stderr=subprocess.STDOUT, env=env)  # type: ignore[arg-type]
+        proc = subprocess.Popen(self.command(node_id), stdout=out, stderr=subprocess.STDOUT,  # type: ignore[arg-type]
+                                env=self.environment())
         self.procs.setdefault(node_id, []).append(proc)
         return proc
 

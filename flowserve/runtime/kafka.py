@@ -26,7 +26,7 @@ def make_consumer(kafka: KafkaSettings, worker: WorkerSettings, *, group_id: str
         group_id=group_id,
         enable_auto_commit=False,
         auto_offset_reset=worker.auto_offset_reset,
-        fetch_max_wait_ms=worker.fetch_max_wait_ms,
+        fetch_max_wait_ms=kafka.fetch_max_wait_ms if worker.fetch_max_wait_ms is None else worker.fetch_max_wait_ms,
         fetch_min_bytes=worker.fetch_min_bytes,
         max_partition_fetch_bytes=max(worker.max_partition_fetch_bytes, max_message_bytes + _OVERHEAD),
         session_timeout_ms=worker.session_timeout_ms,
@@ -73,9 +73,24 @@ async def ensure_topics(kafka: KafkaSettings, topics: Iterable[str], partitions:
                    for t in wanted]
             with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics(new)
+            await _await_leaders(admin, wanted, partitions, timeout_s)
         return wanted
     finally:
         await admin.close()
+
+
+async def _await_leaders(admin: AIOKafkaAdminClient, topics: list[str], partitions: int, timeout_s: float) -> None:
+    """Return once every partition of ``topics`` has a leader. A broker acknowledges CreateTopics before
+    its metadata knows the leaders; clients that fetch offsets meanwhile get NotLeaderForPartition (and
+    log it as an error) until they do."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        described = await admin.describe_topics(topics)
+        led = [m for m in described if not m.get("error_code") and len(m.get("partitions", [])) == partitions
+               and all(p.get("leader", -1) >= 0 and not p.get("error_code") for p in m["partitions"])]
+        if len(led) == len(topics) or asyncio.get_running_loop().time() > deadline:
+            return  # past the deadline, clients retry on their own: not worth failing over
+        await asyncio.sleep(0.02)
 
 
 async def describe_partitions(kafka: KafkaSettings, topics: Iterable[str]) -> dict[str, int]:

@@ -25,10 +25,16 @@ class KafkaSettings(BaseModel):
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    fetch_max_wait_ms: int = Field(
+        500, ge=0, description="how long the broker may hold a fetch that finds no records. Apache Kafka answers "
+        "as soon as records arrive, so a long wait costs no latency, where a short one makes every idle consumer "
+        "poll (at 5 ms, ~10% of a core each, in the consumer and again in the broker). The embedded broker "
+        "answers only when the wait ends: its clients use EmbeddedBroker.fetch_max_wait_ms (5)")
 
     @classmethod
-    def from_env(cls, bootstrap: str | None = None) -> KafkaSettings:
-        values: dict[str, Any] = {}
+    def from_env(cls, bootstrap: str | None = None, **defaults: Any) -> KafkaSettings:
+        """Settings from ``FLOWSERVE_<FIELD>`` variables over ``defaults``; ``bootstrap`` over both."""
+        values: dict[str, Any] = dict(defaults)
         for field in cls.model_fields:
             raw = _env(field)
             if raw:
@@ -61,7 +67,8 @@ class WorkerSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    fetch_max_wait_ms: int = Field(5, ge=0, description="broker long-poll; small keeps latency low")
+    fetch_max_wait_ms: int | None = Field(
+        None, ge=0, description="broker long-poll of this worker's fetches (None: KafkaSettings.fetch_max_wait_ms)")
     poll_timeout_ms: int = Field(100, ge=1, description="how long one fetch waits for records")
     fetch_min_bytes: int = Field(1, ge=1, description="broker holds a fetch until this many bytes (or the wait)")
     session_timeout_ms: int = Field(6_000, ge=1000, description="embedded broker: a group join takes half of this")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
-from flowserve.bench.paired import Slice, percentile_ratio, summary, throughput, throughput_ratio
+from flowserve.bench.paired import Slice, balanced_order, percentile_ratio, summary, throughput, throughput_ratio
 
 
 def _slices(rates: list[float], seconds: float = 2.0) -> list[Slice]:
@@ -57,3 +59,19 @@ def test_sides_must_have_as_many_slices(compare: object) -> None:
             throughput_ratio(_slices([1.0]), _slices([1.0, 2.0]))
         else:
             percentile_ratio([[1.0]], [[1.0], [2.0]])
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_balanced_order_follows_every_configuration_by_every_other_equally(n: int) -> None:
+    labels = [chr(ord("a") + i) for i in range(n)]
+    order = balanced_order(labels, 7)
+    counts = {label: order.count(label) for label in labels}
+    assert len(set(counts.values())) == 1 and counts["a"] >= 7
+    pairs = Counter(zip(order, order[1:] + order[:1], strict=True))  # the sequence repeats: wrap around
+    assert set(pairs) == {(x, y) for x in labels for y in labels if x != y}
+    assert len(set(pairs.values())) == 1
+
+
+def test_balanced_order_needs_a_prime_number_of_configurations() -> None:
+    with pytest.raises(ValueError, match="prime"):
+        balanced_order(["a", "b", "c", "d"], 3)

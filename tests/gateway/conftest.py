@@ -61,7 +61,7 @@ async def running(topology: Topology, kafka: KafkaSettings, *, workers: bool = T
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def echo(broker: Any) -> AsyncIterator[tuple[Gateway, AsyncHttpClient]]:
     """The echo topology (one port per V2 datatype), its worker and a gateway, ready."""
-    kafka = KafkaSettings(bootstrap=broker.bootstrap)
+    kafka = broker.settings()
     async with running(unique(echo_yaml()), kafka, max_body_bytes=64 * 1024) as (gateway, client):
         await wait_ready(client)
         yield gateway, client

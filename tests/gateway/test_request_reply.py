@@ -42,7 +42,7 @@ outputs: {x: crash.x}
 
 
 async def test_deadline_is_504_at_the_deadline_and_not_ready_without_workers(broker) -> None:
-    kafka = KafkaSettings(bootstrap=broker.bootstrap)
+    kafka = broker.settings()
     topology = unique(IDENTITY)
     async with running(topology, kafka, workers=False) as (gateway, client):
         ready = await client.get("/v2/health/ready")
@@ -63,7 +63,7 @@ async def test_deadline_is_504_at_the_deadline_and_not_ready_without_workers(bro
 
 
 async def test_full_gateway_answers_429_with_retry_after(broker) -> None:
-    kafka = KafkaSettings(bootstrap=broker.bootstrap)
+    kafka = broker.settings()
     topology = unique(IDENTITY)
     async with running(topology, kafka, workers=False, max_inflight=1, retry_after_s=3) as (gateway, client):
         first = asyncio.create_task(client.infer(topology.name, X, parameters={"timeout_ms": 3000}))
@@ -77,7 +77,7 @@ async def test_full_gateway_answers_429_with_retry_after(broker) -> None:
 
 
 async def test_error_results_map_to_400_and_500(broker) -> None:
-    kafka = KafkaSettings(bootstrap=broker.bootstrap)
+    kafka = broker.settings()
     topology = unique(FAILING)
     async with running(topology, kafka) as (gateway, client):
         await wait_ready(client)
@@ -98,7 +98,7 @@ async def test_error_results_map_to_400_and_500(broker) -> None:
 
 
 async def test_auth(broker) -> None:
-    kafka = KafkaSettings(bootstrap=broker.bootstrap)
+    kafka = broker.settings()
     topology = unique(IDENTITY)
     async with running(topology, kafka, token="s3cret", tokens=("other", "s3cret")) as (gateway, client):
         assert "s3cret" not in repr(gateway.settings)
@@ -138,7 +138,7 @@ async def _count(kafka: KafkaSettings, topic: str, partitions: int) -> list[str]
 
 
 async def test_two_gateways_never_see_each_others_replies(broker) -> None:
-    kafka = KafkaSettings(bootstrap=broker.bootstrap)
+    kafka = broker.settings()
     topology = unique(echo_yaml())
     from test_endpoints import TENSORS
 

@@ -39,11 +39,12 @@ class EmbeddedBroker(_Managed):
     #: The broker holds each JoinGroup while elapsed < session_timeout_ms / 2, sleeping a whole second at
     #: a time, so 2000 ms gives one-second joins; it evicts a member silent for session_timeout_ms, so the
     #: heartbeat must be well inside that. An empty fetch is re-polled after halving sleeps of
-    #: fetch_max_wait_ms, so delivery lags by about a quarter of it.
+    #: fetch_max_wait_ms, so delivery lags by about a quarter of it: clients here keep it short.
+    fetch_max_wait_ms = 5
     consumer_tuning: Mapping[str, int] = {
         "session_timeout_ms": 2000,
         "heartbeat_interval_ms": 300,
-        "fetch_max_wait_ms": 20,
+        "fetch_max_wait_ms": fetch_max_wait_ms,
     }
 
     def __init__(self, node: _Node, workdir: Path, port: int) -> None:

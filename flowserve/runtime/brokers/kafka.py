@@ -149,11 +149,12 @@ class ApacheKafka(_Managed):
     supports_create_partitions = True
     supports_transactions = True
     #: Fetches long-poll and return as soon as data arrives, so fetch_max_wait_ms only bounds idle
-    #: polls. A short heartbeat makes members notice a rebalance, and so finish it, sooner.
+    #: polls (Kafka's own default). A short heartbeat makes members notice a rebalance, and so finish it, sooner.
+    fetch_max_wait_ms = 500
     consumer_tuning: Mapping[str, int] = {
         "session_timeout_ms": 6000,
         "heartbeat_interval_ms": 300,
-        "fetch_max_wait_ms": 100,
+        "fetch_max_wait_ms": fetch_max_wait_ms,
     }
 
     def __init__(

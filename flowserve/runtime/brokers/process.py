@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Protocol, Self
 
 from flowserve.errors import BrokerError
+from flowserve.runtime.settings import KafkaSettings
 
 _HOST = "127.0.0.1"
 _LOG_TAIL_LINES = 40
@@ -47,6 +48,15 @@ class Broker(Protocol):
     @property
     def consumer_tuning(self) -> Mapping[str, int]:
         """aiokafka consumer keyword arguments that keep fetch and group-join latency low here."""
+        ...
+
+    @property
+    def fetch_max_wait_ms(self) -> int:
+        """The fetch wait that suits this broker (see :attr:`KafkaSettings.fetch_max_wait_ms`)."""
+        ...
+
+    def settings(self) -> KafkaSettings:
+        """How flowserve's clients reach this broker: its address and fetch wait (``FLOWSERVE_*`` over both)."""
         ...
 
     def stop(self) -> None:
@@ -236,6 +246,12 @@ class _Managed:
         self._workdir = workdir
         self._stop_grace_s = stop_grace_s
         _RUNNING.add(self)
+
+    bootstrap: str
+    fetch_max_wait_ms: int
+
+    def settings(self) -> KafkaSettings:
+        return KafkaSettings.from_env(self.bootstrap, fetch_max_wait_ms=self.fetch_max_wait_ms)
 
     def stop(self) -> None:
         for node in self._nodes:
