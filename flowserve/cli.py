@@ -338,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cell-seconds", type=float, default=3.0, help="batching: seconds of traffic per load cell")
     p.add_argument("--slice-seconds", type=float, default=2.0,
                    help="capture: configurations take turns in slices this long")
+    p.add_argument("--blocks", type=int, default=3,
+                   help="capture: deploy afresh this many times per part (deployments differ on their own)")
     p.add_argument("--only", choices=["saturation", "detector"], help="capture: run one part of the bench")
     p.set_defaults(func=cmd_bench)
     return parser

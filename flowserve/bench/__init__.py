@@ -27,7 +27,7 @@ def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> 
 
         parts = (args.only,) if getattr(args, "only", None) else PARTS
         return asyncio.run(capture_bench(kafka, rate=args.rate, seconds=args.seconds, slice_s=args.slice_seconds,
-                                         parts=parts))
+                                         parts=parts, blocks=args.blocks))
     if workload == "batching":
         from flowserve.bench.batching import batching
 

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import tempfile
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -60,6 +62,7 @@ nodes:
 outputs: {{label: post.label, probs: post.probs}}
 {capture}
 """
+T = TypeVar("T")
 DETECTOR = """  input_drift:
     component: components.drift:FeatureDrift
     params: {window: 100, reference: "components.drift:digits_reference"}
@@ -67,6 +70,8 @@ DETECTOR = """  input_drift:
 CONCURRENCY = 64
 #: seconds per slice: shorter than the machine's slow and fast stretches, long enough for batches to settle
 SLICE_S = 2.0
+#: fresh deployments per part: deployments of one configuration differ by 5-15% on their own
+BLOCKS = 3
 SATURATION = {"off": None, "10pct": 0.1, "100pct": 1.0}
 #: the bench's two parts (``flowserve bench capture --only PART`` runs one)
 PARTS = ("saturation", "detector")
@@ -174,61 +179,73 @@ def _slices(seconds: float, slice_s: float) -> int:
     return max(2, round(seconds / slice_s))
 
 
+async def _in_blocks(kafka: KafkaSettings, tmp: Path, sides: Mapping[str, Callable[[], tuple[str, Topology]]],
+                     blocks: int, per_block: int, ready: Callable[[dict[str, TopologyClient]], Awaitable[None]],
+                     measure: Callable[[TopologyClient], Awaitable[T]]) -> tuple[dict[str, list[T]], list[int]]:
+    """Deploy every side (``sides``: a function making its topology) afresh in each of ``blocks`` blocks,
+    side by side; once ``ready``, let them take ``per_block`` slices each of ``measure`` in
+    :func:`paired.balanced_order`. Returns every side's slices, and the block of each slice index."""
+    out: dict[str, list[T]] = {label: [] for label in sides}
+    block_of: list[int] = []
+    for block in range(blocks):
+        async with contextlib.AsyncExitStack() as stack:
+            clients: dict[str, TopologyClient] = {}
+            for label, make in sides.items():
+                _, clients[label] = await stack.enter_async_context(_deployed(kafka, *make(), tmp))
+            await ready(clients)
+            order = paired.balanced_order(list(sides), per_block)
+            for label in order:
+                out[label].append(await measure(clients[label]))
+            block_of += [block] * order.count(order[0])
+        console.print(f"block {block + 1}/{blocks} done: {len(block_of)} slices per side")
+    return out, block_of
+
+
 async def _saturation(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]], tmp: Path, seconds: float,
-                      slice_s: float) -> dict[str, Any]:
+                      slice_s: float, blocks: int) -> dict[str, Any]:
     """Part 1: the capture configurations side by side, taking the closed-loop load in turn."""
-    slices: dict[str, list[Slice]] = {label: [] for label in SATURATION}
-    async with contextlib.AsyncExitStack() as stack:
-        clients: dict[str, TopologyClient] = {}
-        for label, sample in SATURATION.items():
-            text, topology = _topology(sample)
-            _, clients[label] = await stack.enter_async_context(_deployed(kafka, text, topology, tmp))
+
+    async def ready(clients: dict[str, TopologyClient]) -> None:
         for client in clients.values():
             await _warm(client, inputs)
             await _saturate(client, inputs, slice_s)  # batch sizes and caches at load, not measured
-        order = paired.balanced_order(list(SATURATION), _slices(seconds, slice_s))
-        for i, label in enumerate(order):
-            slices[label].append(await _saturate(clients[label], inputs, slice_s))
-            if (i + 1) % max(1, len(order) // 4) == 0 or i + 1 == len(order):
-                console.print(f"slice {i + 1}/{len(order)}: " + ", ".join(
-                    f"{label} {paired.throughput(s):.0f} req/s" for label, s in slices.items()))
+
+    sides = {label: functools.partial(_topology, sample) for label, sample in SATURATION.items()}
+    slices, block_of = await _in_blocks(kafka, tmp, sides, blocks, _slices(seconds / blocks, slice_s), ready,
+                                        lambda client: _saturate(client, inputs, slice_s))
     result: dict[str, Any] = {label: paired.summary(s) for label, s in slices.items()}
     for label in ("10pct", "100pct"):
-        ratio, low, high = paired.throughput_ratio(slices[label], slices["off"])
+        ratio, low, high = paired.throughput_ratio(slices[label], slices["off"], blocks=block_of)
         result[f"throughput_{label}_vs_off"] = {"ratio": ratio, "95ci": [low, high]}
         ratio, low, high = paired.percentile_ratio([s.latencies for s in slices[label]],
-                                            [s.latencies for s in slices["off"]])
+                                                   [s.latencies for s in slices["off"]], blocks=block_of)
         result[f"p99_{label}_vs_off"] = {"ratio": ratio, "95ci": [low, high]}
+    result["per_block_throughput_100pct_vs_off"] = [
+        paired.throughput([s for s, b in zip(slices["100pct"], block_of, strict=True) if b == block])
+        / paired.throughput([s for s, b in zip(slices["off"], block_of, strict=True) if b == block])
+        for block in range(blocks)]
     result["slice_throughput_rps"] = {label: [round(s.requests / s.seconds) for s in v] for label, v in slices.items()}
     return result
 
 
 async def _detector(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]], tmp: Path, rate: float,
-                    seconds: float, slice_s: float) -> dict[str, Any]:
+                    seconds: float, slice_s: float, blocks: int) -> dict[str, Any]:
     """Part 2: three deployments side by side, one with a detector and two without, taking the open-loop
     load in turn, one slice each (paired.balanced_order). The detector runs throughout, as it would in
     production: it works while its deployment has traffic and waits on its fetches otherwise. The two
     deployments without one give the measurement's own noise floor: their ratio (an A/A comparison,
     nothing differs) is what the detector's ratio must be read against."""
-    latencies: dict[str, list[list[float]]] = {label: [] for label in DETECTOR_SIDES}
-    async with contextlib.AsyncExitStack() as stack:
-        clients: dict[str, TopologyClient] = {}
-        for label in DETECTOR_SIDES:
-            text, topology = _topology(None, detector=label == "detector")
-            _, clients[label] = await stack.enter_async_context(_deployed(kafka, text, topology, tmp))
-            if label == "detector":
-                watched = topology
+
+    async def ready(clients: dict[str, TopologyClient]) -> None:
         for client in clients.values():
             await _warm(client, inputs)
-        await _first_report(kafka, watched)
+        await _first_report(kafka, clients["detector"].topology)
         for client in clients.values():
             await _steady(client, inputs, rate, slice_s)  # at the rate before measuring, not measured
-        order = paired.balanced_order(DETECTOR_SIDES, _slices(seconds, slice_s))
-        for i, label in enumerate(order):
-            latencies[label].append(await _steady(clients[label], inputs, rate, slice_s))
-            if (i + 1) % max(1, len(order) // 4) == 0 or i + 1 == len(order):
-                console.print(f"slice {i + 1}/{len(order)} at {rate:.0f} req/s: p99 " + ", ".join(
-                    f"{label} {paired.p99([x for s in v for x in s]):.1f} ms" for label, v in latencies.items()))
+
+    sides = {label: functools.partial(_topology, None, detector=label == "detector") for label in DETECTOR_SIDES}
+    latencies, block_of = await _in_blocks(kafka, tmp, sides, blocks, _slices(seconds / blocks, slice_s), ready,
+                                           lambda client: _steady(client, inputs, rate, slice_s))
     result: dict[str, Any] = {label: paired.summary([Slice(len(s), slice_s, s) for s in v])
                               for label, v in latencies.items()}
     # p99 is made of a few stalls (the broker's, the host's) whichever side they fall on, so its interval
@@ -237,33 +254,36 @@ async def _detector(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]], t
     # without: slice i of the reference is slice i of each.
     without = [a + b for a, b in zip(latencies["none"], latencies["none_again"], strict=True)]
     for q in (50, 90, 99):
-        ratio, low, high = paired.percentile_ratio(latencies["detector"], without, q=q)
+        ratio, low, high = paired.percentile_ratio(latencies["detector"], without, q=q, blocks=block_of)
         result[f"p{q}_detector_vs_none"] = {"ratio": ratio, "95ci": [low, high]}
-        ratio, low, high = paired.percentile_ratio(latencies["none_again"], latencies["none"], q=q)
+        ratio, low, high = paired.percentile_ratio(latencies["none_again"], latencies["none"], q=q, blocks=block_of)
         result[f"p{q}_none_vs_none"] = {"ratio": ratio, "95ci": [low, high]}
     return result
 
 
 async def capture_bench(kafka: KafkaSettings, rate: float = 200.0, seconds: float = 60.0,
-                        slice_s: float = SLICE_S, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
-    """``parts`` (both by default); ``seconds`` of measurement per configuration (and per side of the detector)."""
+                        slice_s: float = SLICE_S, parts: tuple[str, ...] = PARTS,
+                        blocks: int = BLOCKS) -> dict[str, Any]:
+    """``parts`` (both by default); ``seconds`` of measurement per configuration (and per side of the
+    detector), in ``blocks`` fresh deployments."""
     _, probe = _topology(None)
     for node in probe.nodes.values():
         node.component.prepare()  # train the model once if it is not cached
     inputs = _inputs(1000)
     result: dict[str, Any] = {"workload": "capture", "layout": "ProcessHost workers, load from the bench process",
-                              "seconds": seconds, "slice_s": slice_s, "rate": rate, "concurrency": CONCURRENCY}
+                              "seconds": seconds, "slice_s": slice_s, "blocks": blocks, "rate": rate,
+                              "concurrency": CONCURRENCY}
     ratios: dict[str, Any] = {}
     targets: dict[str, bool] = {}
     with tempfile.TemporaryDirectory(prefix="fs-bench-capture-") as tmp:
         if "saturation" in parts:
-            result["saturation"] = saturation = await _saturation(kafka, inputs, Path(tmp), seconds, slice_s)
+            result["saturation"] = saturation = await _saturation(kafka, inputs, Path(tmp), seconds, slice_s, blocks)
             for name in ("throughput_10pct_vs_off", "throughput_100pct_vs_off", "p99_10pct_vs_off",
                          "p99_100pct_vs_off"):
                 ratios[name] = saturation[name]
             targets["capture_100pct_costs_le_15pct"] = ratios["throughput_100pct_vs_off"]["ratio"] >= 0.85
         if "detector" in parts:
-            result["detector"] = detector = await _detector(kafka, inputs, Path(tmp), rate, seconds, slice_s)
+            result["detector"] = detector = await _detector(kafka, inputs, Path(tmp), rate, seconds, slice_s, blocks)
             for q in (50, 90, 99):
                 ratios[f"p{q}_detector_vs_none"] = detector[f"p{q}_detector_vs_none"]
                 ratios[f"p{q}_none_vs_none"] = detector[f"p{q}_none_vs_none"]  # the A/A noise floor

@@ -75,3 +75,19 @@ def test_balanced_order_follows_every_configuration_by_every_other_equally(n: in
 def test_balanced_order_needs_a_prime_number_of_configurations() -> None:
     with pytest.raises(ValueError, match="prime"):
         balanced_order(["a", "b", "c", "d"], 3)
+
+
+def test_blocks_widen_the_interval_when_deployments_differ() -> None:
+    # two blocks (deployments): in one, a is 20% faster than b; in the other, equal
+    a = _slices([120.0] * 10 + [100.0] * 10)
+    b = _slices([100.0] * 20)
+    blocks = [0] * 10 + [1] * 10
+    _, low, high = throughput_ratio(a, b)
+    _, block_low, block_high = throughput_ratio(a, b, blocks=blocks)
+    assert high - low < 0.1 < block_high - block_low  # one block's own ratio (1.0 or 1.2) can be drawn twice
+    assert block_low == pytest.approx(1.0, abs=0.01) and block_high == pytest.approx(1.2, abs=0.01)
+
+
+def test_blocks_must_name_every_slice() -> None:
+    with pytest.raises(ValueError, match="block for each"):
+        throughput_ratio(_slices([1.0, 2.0, 3.0]), _slices([1.0, 2.0, 3.0]), blocks=[0, 1])
