@@ -258,6 +258,16 @@ async def _detector(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]], t
         result[f"p{q}_detector_vs_none"] = {"ratio": ratio, "95ci": [low, high]}
         ratio, low, high = paired.percentile_ratio(latencies["none_again"], latencies["none"], q=q, blocks=block_of)
         result[f"p{q}_none_vs_none"] = {"ratio": ratio, "95ci": [low, high]}
+    per_block: dict[str, list[float]] = {"p99_detector_vs_none": [], "p99_none_vs_none": []}
+    for block in range(blocks):  # how far deployments alone move the ratio
+        pick = [i for i, b in enumerate(block_of) if b == block]
+
+        def p99_of(side: list[list[float]], pick: list[int] = pick) -> float:
+            return paired.p99([x for i in pick for x in side[i]])
+
+        per_block["p99_detector_vs_none"].append(p99_of(latencies["detector"]) / p99_of(without))
+        per_block["p99_none_vs_none"].append(p99_of(latencies["none_again"]) / p99_of(latencies["none"]))
+    result["per_block"] = per_block
     return result
 
 
