@@ -221,9 +221,8 @@ async def _saturation(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]],
                                                    [s.latencies for s in slices["off"]], blocks=block_of)
         result[f"p99_{label}_vs_off"] = {"ratio": ratio, "95ci": [low, high]}
     result["per_block_throughput_100pct_vs_off"] = [
-        paired.throughput([s for s, b in zip(slices["100pct"], block_of, strict=True) if b == block])
-        / paired.throughput([s for s, b in zip(slices["off"], block_of, strict=True) if b == block])
-        for block in range(blocks)]
+        paired.throughput([slices["100pct"][i] for i in pick]) / paired.throughput([slices["off"][i] for i in pick])
+        for pick in paired.block_members(block_of)]
     result["slice_throughput_rps"] = {label: [round(s.requests / s.seconds) for s in v] for label, v in slices.items()}
     return result
 
@@ -259,8 +258,7 @@ async def _detector(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]], t
         ratio, low, high = paired.percentile_ratio(latencies["none_again"], latencies["none"], q=q, blocks=block_of)
         result[f"p{q}_none_vs_none"] = {"ratio": ratio, "95ci": [low, high]}
     per_block: dict[str, list[float]] = {"p99_detector_vs_none": [], "p99_none_vs_none": []}
-    for block in range(blocks):  # how far deployments alone move the ratio
-        pick = [i for i, b in enumerate(block_of) if b == block]
+    for pick in paired.block_members(block_of):  # how far deployments alone move the ratio
 
         def p99_of(side: list[list[float]], pick: list[int] = pick) -> float:
             return paired.p99([x for i in pick for x in side[i]])

@@ -68,6 +68,11 @@ def summary(slices: Sequence[Slice]) -> dict[str, float]:
             "n": len(pooled), "slices": len(slices)}
 
 
+def block_members(blocks: Sequence[int]) -> list[list[int]]:
+    """The slice indices of each block, blocks in order (``blocks``: the block of each slice index)."""
+    return [[i for i, b in enumerate(blocks) if b == block] for block in sorted(set(blocks))]
+
+
 def _resamples(count: int, resamples: int, seed: int, blocks: Sequence[int] | None = None) -> list[np.ndarray]:
     """Slice indices of each bootstrap resample. With ``blocks`` (the block of each slice index), blocks
     are drawn with replacement first and then slices within each drawn block: slices of one deployment
@@ -77,7 +82,7 @@ def _resamples(count: int, resamples: int, seed: int, blocks: Sequence[int] | No
         return list(rng.integers(0, count, (resamples, count)))
     if len(blocks) != count:
         raise ValueError(f"need a block for each of the {count} slices, got {len(blocks)}")
-    members = [np.flatnonzero(np.asarray(blocks) == b) for b in sorted(set(blocks))]
+    members = [np.asarray(m) for m in block_members(blocks)]
     out = []
     for _ in range(resamples):
         picked = rng.integers(0, len(members), len(members))

@@ -7,7 +7,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from flowserve.bench.paired import Slice, balanced_order, percentile_ratio, summary, throughput, throughput_ratio
+from flowserve.bench.paired import (
+    Slice,
+    balanced_order,
+    block_members,
+    percentile_ratio,
+    summary,
+    throughput,
+    throughput_ratio,
+)
 
 
 def _slices(rates: list[float], seconds: float = 2.0) -> list[Slice]:
@@ -91,3 +99,7 @@ def test_blocks_widen_the_interval_when_deployments_differ() -> None:
 def test_blocks_must_name_every_slice() -> None:
     with pytest.raises(ValueError, match="block for each"):
         throughput_ratio(_slices([1.0, 2.0, 3.0]), _slices([1.0, 2.0, 3.0]), blocks=[0, 1])
+
+
+def test_block_members_lists_each_blocks_slices_in_order() -> None:
+    assert block_members([0, 0, 1, 1, 0]) == [[0, 1, 4], [2, 3]]
