@@ -145,8 +145,11 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 def _prepare(topology: Any) -> None:
     """Run each component's one-time preparation (e.g. train a missing model) before workers start."""
+    from flowserve.runtime.heap import settle
+
     for node in topology.nodes.values():
         node.component.prepare()
+    settle()  # preparing imported torch here too: its full collections would stall the sample traffic
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -172,6 +172,42 @@ class Component:
         return f"{type(self).__module__}:{type(self).__qualname__}"
 
 
+
+def read_result(component: Component, result: Mapping[str, np.ndarray] | Result, rows: int, *, node: str
+                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[int, str]]:
+    """``process``'s result as its host reads it: outputs on declared ports only, one row per input row, in
+    the declared dtypes; masks of one flag per row; errors that name a row (others match no row: dropped).
+
+    A worker and a fused chain read results alike, so a component behaves the same in both. Raises
+    :class:`ComponentError` naming ``node`` for a result that breaks the component's declaration.
+    """
+    if isinstance(result, Result):
+        raw, mask, errs = dict(result.outputs), dict(result.mask), dict(result.errors)
+    elif isinstance(result, Mapping):
+        raw, mask, errs = dict(result), {}, {}
+    else:
+        raise ComponentError(f"node '{node}': process returned {type(result).__name__}, expected a dict of "
+                             "arrays or a Result")
+    errs = {int(i): why for i, why in errs.items() if 0 <= int(i) < rows}
+    outputs: dict[str, np.ndarray] = {}
+    for port, array in raw.items():
+        want = component.outputs.get(port)
+        if want is None:
+            raise ComponentError(f"node '{node}': process returned undeclared output port '{port}'")
+        array = np.asarray(array)
+        if array.ndim == 0 or array.shape[0] != rows:
+            raise ComponentError(f"node '{node}': output '{port}' has leading dimension {array.shape[:1]}, "
+                                 f"expected {rows}")
+        if want.datatype != "BYTES" and array.dtype != DATATYPES[want.datatype]:
+            array = array.astype(DATATYPES[want.datatype])
+        outputs[port] = array
+    masks = {p: np.asarray(m, dtype=bool) for p, m in mask.items()}
+    for port, m in masks.items():
+        if m.shape != (rows,):
+            raise ComponentError(f"node '{node}': mask of '{port}' has shape {list(m.shape)}, expected [{rows}]")
+    return outputs, masks, errs
+
+
 def pick_device() -> str:
     """``cuda`` when torch sees a GPU, else ``cpu``. Imports torch, so only call it from ``setup``."""
     import torch

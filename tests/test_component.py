@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from flowserve.component import Batch, Component, NoParams, Port, Result, load_component_class
+from flowserve.component import Batch, Component, NoParams, Port, Result, load_component_class, read_result
 from flowserve.errors import ComponentError, WireError
 
 
@@ -215,3 +215,26 @@ def test_load_component_class_unknown_class() -> None:
 def test_load_component_class_rejects_non_components(name: str) -> None:
     with pytest.raises(ComponentError, match=f"'{__name__}:{name}' is not a flowserve Component subclass"):
         load_component_class(f"{__name__}:{name}")
+
+
+# --- read_result (how a worker and a fused chain read what process returned) -------------------------
+
+
+def test_read_result_casts_to_the_declared_dtype_and_keeps_masks_and_errors() -> None:
+    comp = Thresh()
+    outputs, mask, errors = read_result(comp, Result({"hit": np.array([[1, 0], [0, 1]])}, {"hit": [True, False]},
+                                                     {1: "bad row", 7: "no such row"}), 2, node="t")
+    assert outputs["hit"].dtype == np.bool_
+    np.testing.assert_array_equal(mask["hit"], [True, False])
+    assert errors == {1: "bad row"}  # an error naming no row of the batch matches nothing
+
+
+@pytest.mark.parametrize(("result", "message"), [
+    ({"other": np.zeros((2, 2))}, "node 't': process returned undeclared output port 'other'"),
+    ({"hit": np.zeros((3, 2))}, r"node 't': output 'hit' has leading dimension \(3,\), expected 2"),
+    (Result({"hit": np.zeros((2, 2))}, {"hit": np.ones(3, bool)}), r"mask of 'hit' has shape \[3\], expected \[2\]"),
+    ([np.zeros((2, 2))], "process returned list, expected a dict of arrays or a Result"),
+])
+def test_read_result_rejects_results_that_break_the_declaration(result: object, message: str) -> None:
+    with pytest.raises(ComponentError, match=message):
+        read_result(Thresh(), result, 2, node="t")  # type: ignore[arg-type]

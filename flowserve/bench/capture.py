@@ -42,6 +42,7 @@ from flowserve.bench.paired import Slice
 from flowserve.client import TopologyClient
 from flowserve.client.kafka import new_request_id
 from flowserve.errors import BrokerError
+from flowserve.runtime.heap import settle
 from flowserve.runtime.host import ProcessHost, create_topology_topics
 from flowserve.runtime.kafka import delete_topics
 from flowserve.runtime.settings import KafkaSettings
@@ -70,6 +71,9 @@ DETECTOR = """  input_drift:
 CONCURRENCY = 64
 #: seconds per slice: shorter than the machine's slow and fast stretches, long enough for batches to settle
 SLICE_S = 2.0
+#: seconds of open-loop load per side before part 2 measures: a fresh Kafka JVM compiles its hot paths
+#: (C2) for the first ~10 s under load, using ~1 of the 2 cores, which slows every hop while it lasts
+WARM_S = 5.0
 #: fresh deployments per part: deployments of one configuration differ by 5-15% on their own
 BLOCKS = 3
 SATURATION = {"off": None, "10pct": 0.1, "100pct": 1.0}
@@ -240,7 +244,7 @@ async def _detector(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]], t
             await _warm(client, inputs)
         await _first_report(kafka, clients["detector"].topology)
         for client in clients.values():
-            await _steady(client, inputs, rate, slice_s)  # at the rate before measuring, not measured
+            await _steady(client, inputs, rate, max(slice_s, WARM_S))  # at the rate, not measured
 
     sides = {label: functools.partial(_topology, None, detector=label == "detector") for label in DETECTOR_SIDES}
     latencies, block_of = await _in_blocks(kafka, tmp, sides, blocks, _slices(seconds / blocks, slice_s), ready,
@@ -278,6 +282,9 @@ async def capture_bench(kafka: KafkaSettings, rate: float = 200.0, seconds: floa
     for node in probe.nodes.values():
         node.component.prepare()  # train the model once if it is not cached
     inputs = _inputs(1000)
+    # Preparing imported torch into this process, the load generator: unfrozen, each of its full
+    # collections (~100 ms) stalls every request of whichever side is taking load, the p99's lottery.
+    settle()
     result: dict[str, Any] = {"workload": "capture", "layout": "ProcessHost workers, load from the bench process",
                               "seconds": seconds, "slice_s": slice_s, "blocks": blocks, "rate": rate,
                               "concurrency": CONCURRENCY}

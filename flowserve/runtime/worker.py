@@ -19,13 +19,15 @@ from typing import Any
 
 import numpy as np
 from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 
 from flowserve.capture.stage import StageCapture
-from flowserve.component import Batch, Component, Result
+from flowserve.component import Batch, Component, read_result
 from flowserve.errors import FlowserveError, WireError
-from flowserve.runtime.batching import ExecProfile, describe, device_lock, load_node_profiles, make_policy
+from flowserve.runtime.batching import ExecProfile, describe, load_node_profiles, make_policy
+from flowserve.runtime.commits import Commits
 from flowserve.runtime.emit import Counters, Emitter, _Item, _visits
+from flowserve.runtime.execute import Executor
 from flowserve.runtime.fastpath import decode_column
 from flowserve.runtime.heap import settle
 from flowserve.runtime.join import TP, JoinBuffer, Ready
@@ -95,9 +97,7 @@ class StageWorker(Emitter):
         self.profile: ExecProfile = getattr(self.policy, "profile", None) or profiles.get(node_id) or ExecProfile()
         self.metrics: NodeMetrics | None = None
         self._last_lag = 0
-        # Smoothed seconds per batch of an offloading component; None until its first batch ran (in a thread).
-        self._exec_ewma: float | None = None
-        self._inline_below_s = self.settings.inline_below_ms / 1000
+        self.executor = Executor(self.component, self.settings.inline_below_ms / 1000)
         self._early: list[Any] = []  # acknowledgements of batches sent before the step ends
         self._publishing: asyncio.Task[None] | None = None
         self.join = JoinBuffer(self.node) if self.node.needs_join or self.node.triggers else None
@@ -121,13 +121,12 @@ class StageWorker(Emitter):
         self._seen: dict[TP, int] = {}
         #: the batch awaiting its acknowledgements: futures, offsets, and whether it may commit (see _settle)
         self._inflight: tuple[list[Any], dict[TopicPartition, int], bool] | None = None
-        self._uncommitted: dict[TopicPartition, int] = {}
-        self._last_commit = 0.0
         self.consumer = make_consumer(kafka, self.settings, group_id=topology.group_id(node_id),
                                       max_message_bytes=self.max_bytes, client_id=f"fs-{node_id}")
         self.producer = make_producer(kafka, self.settings, max_message_bytes=self.max_bytes,
                                       client_id=f"fs-{node_id}")
         self.outbox = Outbox(self.producer)
+        self.commits = Commits(self.consumer, self.settings.commit_interval_ms, node_id, self.counters)
         self.capture = StageCapture.attach(self)  # None unless the node captures or reports (flowserve.capture)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -291,7 +290,7 @@ class StageWorker(Emitter):
             self.capture.side_reports()  # side reports finished off the loop (a detector's thread), even when idle
         clean = True  # no lineage of this batch or before it left ungathered: it may commit
         if self.capture is not None and self.capture.lineage_topic is not None:
-            clean = self.capture.flush_lineage(force=not fetched or self._commit_due())
+            clean = self.capture.flush_lineage(force=not fetched or self.commits.due())
         sent, futures = await self.outbox.send() if self.outbox.count else (0, [])
         self.counters.records_out += sent
         if self._early:
@@ -307,8 +306,8 @@ class StageWorker(Emitter):
                 self._inflight = (futures, offsets, clean)
             else:
                 await self._settle(futures, offsets, clean, force=True)
-        elif not fetched and self._uncommitted:
-            await self._commit_pending()  # idle: do not leave acknowledged work uncommitted
+        elif not fetched and self.commits.pending:
+            await self.commits.commit()  # idle: do not leave acknowledged work uncommitted
 
     async def drain(self) -> None:
         """Wait for the batch in flight to be acknowledged and commit everything acknowledged."""
@@ -323,44 +322,26 @@ class StageWorker(Emitter):
             await self._settle([*futures, *flushed], offsets, force=True)
         elif flushed:
             await asyncio.gather(*flushed)
-        if self._uncommitted:
-            await self._commit_pending()
+        if self.commits.pending:
+            await self.commits.commit()
 
     async def _settle(self, futures: list[Any], offsets: dict[TopicPartition, int], clean: bool = True, *,
                       force: bool = False) -> None:
         """Wait for a batch's acknowledgements; its offsets become committable only then.
 
-        Under load, commits go out at most every ``commit_interval_ms`` (one broker round trip each), not
-        after every batch; idle, rebalance and shutdown commit at once. A crash replays at most that much.
+        Under load, commits wait for ``Commits.due``; ``force`` (idle, rebalance, shutdown) commits at once.
         Not ``clean``: lineage of this batch is still being gathered (``StageCapture.flush_lineage``), so
         nothing commits until a later batch carries it.
         """
         if futures:
             await asyncio.gather(*futures)
-        self._uncommitted.update(offsets)
-        if self._uncommitted and (force or (clean and self._commit_due())):
-            await self._commit_pending()
-
-    def _commit_due(self) -> bool:
-        """Under load, a commit goes out at most every ``commit_interval_ms``."""
-        return time.monotonic() - self._last_commit >= self.settings.commit_interval_ms / 1000
-
-    async def _commit_pending(self) -> None:
-        offsets, self._uncommitted = self._uncommitted, {}
-        self._last_commit = time.monotonic()
-        await self._commit(offsets)
+        self.commits.add(offsets)
+        if self.commits.pending and (force or (clean and self.commits.due())):
+            await self.commits.commit()
 
     def _offsets(self, handled: dict[TP, int]) -> dict[TopicPartition, int]:
         oldest = self.join.oldest_offsets() if self.join is not None else {}
         return {TopicPartition(t, p): min(off, oldest.get((t, p), off)) for (t, p), off in handled.items()}
-
-    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
-        try:
-            await self.consumer.commit(offsets)
-            self.counters.commits += 1
-        except (CommitFailedError, IllegalStateError) as exc:
-            # The group rebalanced under us: the new owner re-reads these records (at-least-once).
-            log.warning("node %s commit skipped after rebalance: %s", self.node.id, exc)
 
     def _intake_columnar(self, records: list[Any], items: list[_Item]) -> bool:
         """Decode a whole fetch at once when every record shares one frame layout (the common case).
@@ -512,23 +493,8 @@ class StageWorker(Emitter):
                 self.counters.records_out += sent
                 self._early.extend(futures)
 
-    async def _call(self, batch: Batch) -> tuple[Mapping[str, np.ndarray] | Result, float]:
-        """The component's result and its execution time (measured where it ran, not the handoff)."""
-        lock = device_lock(str(getattr(self.component, "device", "cpu")))
-        if lock is not None:  # one batch in flight per GPU
-            return await asyncio.to_thread(_timed, lock, self.component.process, batch)
-        if getattr(self.component, "offload", False):
-            ewma = self._exec_ewma
-            if ewma is None or ewma >= self._inline_below_s:
-                return await asyncio.to_thread(_timed, None, self.component.process, batch)
-        return _timed(None, self.component.process, batch)
-
     def _observe(self, size: int, seconds: float) -> None:
-        # Offloading pays a thread handoff (two wake-ups, the GIL passed back and forth) per batch: worth it
-        # for a model that runs for milliseconds, not for one that runs for microseconds. One slow batch
-        # (a larger one, a cold cache) sends the next ones back to the thread until the average settles.
-        ewma = self._exec_ewma
-        self._exec_ewma = seconds if ewma is None or seconds > 4 * ewma else 0.8 * ewma + 0.2 * seconds
+        self.executor.observe(seconds)
         self.profile.observe(size, seconds)
         self.policy.observe(size, seconds)
         if self.metrics is not None:
@@ -548,8 +514,8 @@ class StageWorker(Emitter):
         self.counters.batches += 1
         self.counters.last_batch = len(group)
         try:
-            result, seconds = await self._call(batch)
-            outputs, mask, errors = _unpack(result, sum(sizes), self.component)
+            result, seconds = await self.executor.run(batch)
+            outputs, mask, errors = read_result(self.component, result, batch.rows, node=self.node.id)
         except Exception as exc:  # noqa: BLE001 - a component bug must not kill the worker
             if len(group) == 1:
                 await self._dead_letter_item(group[0], f"{type(self.component).__name__}.process failed: {exc!r}")
@@ -570,42 +536,6 @@ class StageWorker(Emitter):
 
 def _timestamp(rec: Any) -> int:
     return rec.timestamp or 0
-
-
-def _timed(lock: Any, fn: Any, batch: Batch) -> tuple[Any, float]:
-    with lock if lock is not None else contextlib.nullcontext():
-        t0 = time.perf_counter()
-        result = fn(batch)
-        return result, time.perf_counter() - t0
-
-
-def _unpack(result: Any, items: int, component: Component
-            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[int, str]]:
-    if isinstance(result, Result):
-        outputs, mask, errors = result.outputs, result.mask, result.errors
-    elif isinstance(result, Mapping):
-        outputs, mask, errors = dict(result), {}, {}
-    else:
-        raise TypeError(f"process returned {type(result).__name__}, expected a dict of arrays or a Result")
-    declared = component.outputs
-    clean: dict[str, np.ndarray] = {}
-    for port, array in outputs.items():
-        if port not in declared:
-            raise ValueError(f"process returned undeclared output port '{port}'")
-        array = np.asarray(array)
-        if array.ndim == 0 or array.shape[0] != items:
-            raise ValueError(f"output '{port}' has leading dimension {array.shape[:1]}, expected {items}")
-        want = declared[port]
-        if want.datatype != "BYTES" and array.dtype != np.dtype(_dtype(want.datatype)):
-            array = array.astype(_dtype(want.datatype))
-        clean[port] = array
-    return clean, {p: np.asarray(m, dtype=bool) for p, m in mask.items()}, errors
-
-
-def _dtype(datatype: str) -> np.dtype:
-    from flowserve.wire.tensors import DATATYPES
-
-    return DATATYPES[datatype]
 
 
 __all__ = ["Counters", "StageWorker"]

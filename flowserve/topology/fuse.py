@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from flowserve.component import Batch, Component, Result, load_component_class
+from flowserve.component import Batch, Component, Result, load_component_class, read_result
 from flowserve.errors import ComponentError, TopologyError, WireError
-from flowserve.wire.tensors import DATATYPES
 
 if TYPE_CHECKING:
     from flowserve.topology.graph import Topology
@@ -108,7 +107,7 @@ class Chain(Component):
                 result = component.process(current)
             except Exception as exc:
                 raise ComponentError(f"node '{step.id}' ({type(component).__name__}): {exc!r}") from exc
-            outputs, mask, errs = _unpack(step.id, component, result, current.rows)
+            outputs, mask, errs = read_result(component, result, current.rows, node=step.id)
             for i, why in errs.items():
                 errors.setdefault(int(origin[i]), f"node '{step.id}': {why}")
             if k == last:
@@ -178,36 +177,6 @@ class Chain(Component):
                 m[origin] &= mask[port]
             wide_mask[port] = m
         return Result(full, wide_mask, errors)
-
-
-def _unpack(node: str, component: Component, result: Mapping[str, np.ndarray] | Result, rows: int
-            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[int, str]]:
-    """A member's result as the worker reads it: declared ports, one row per input row, declared dtypes."""
-    if isinstance(result, Result):
-        raw, mask, errs = dict(result.outputs), dict(result.mask), dict(result.errors)
-    elif isinstance(result, Mapping):
-        raw, mask, errs = dict(result), {}, {}
-    else:
-        raise ComponentError(f"node '{node}': process returned {type(result).__name__}, expected a dict of "
-                             "arrays or a Result")
-    errs = {int(i): why for i, why in errs.items() if 0 <= int(i) < rows}  # as the worker: others match no row
-    outputs: dict[str, np.ndarray] = {}
-    for port, array in raw.items():
-        want = component.outputs.get(port)
-        if want is None:
-            raise ComponentError(f"node '{node}': process returned undeclared output port '{port}'")
-        array = np.asarray(array)
-        if array.ndim == 0 or array.shape[0] != rows:
-            raise ComponentError(f"node '{node}': output '{port}' has leading dimension {array.shape[:1]}, "
-                                 f"expected {rows}")
-        if want.datatype != "BYTES" and array.dtype != DATATYPES[want.datatype]:
-            array = array.astype(DATATYPES[want.datatype])
-        outputs[port] = array
-    masks = {p: np.asarray(m, dtype=bool) for p, m in mask.items()}
-    for port, m in masks.items():
-        if m.shape != (rows,):
-            raise ComponentError(f"node '{node}': mask of '{port}' has shape {list(m.shape)}, expected [{rows}]")
-    return outputs, masks, errs
 
 
 def _violations(node: str, component: Component, tensors: dict[str, np.ndarray], sizes: np.ndarray | list[int],

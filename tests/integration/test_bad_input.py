@@ -100,3 +100,30 @@ async def test_bad_records_are_dead_lettered_and_the_rest_flow(kafka, write_topo
         # And it keeps going after all that.
         reply = await client.call({"x": GOOD}, timeout_ms=30_000)
         assert reply.error is None
+
+
+BROKEN = """
+name: NAME
+nodes:
+  short: {component: fs_testkit:ShortMask, params: {value: 7}, inputs: {x: input.x}}
+outputs: {y: short.x}
+"""
+
+
+async def test_a_result_that_breaks_the_declaration_fails_its_request_only(kafka, write_topology) -> None:
+    topology = load_topology(write_topology(BROKEN))
+    async with InlineHost(topology, kafka) as host, TopologyClient(topology, kafka) as client:
+        await wait_ready(client, {"x": GOOD}, timeout_s=120)
+        futures = {}
+        for i in range(10):  # one batch, most likely: it fails as a whole, then each request runs alone
+            rid = f"r{i}"
+            futures[rid] = client.expect(rid)
+            await client.queue({"x": np.full((1, 4), i, np.float32)}, request_id=rid)
+        await client.flush()
+        replies = {rid: r for rid, r in zip(futures, await asyncio.wait_for(asyncio.gather(*futures.values()), 60),
+                                            strict=True)}
+        assert {rid for rid, r in replies.items() if r.error is not None} == {"r7"}
+        assert "mask of 'x' has shape [0], expected [1]" in str(replies["r7"].error)
+        letters = await _dead_letters(kafka, topology.deadletter_topic, 1)
+        assert set(letters) == {"r7"} and letters["r7"][1] == "short"
+        assert all(not t.done() for t in host._tasks)  # the worker survived it

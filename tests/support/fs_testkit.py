@@ -120,6 +120,21 @@ class Boom(Component):
         return {"x": batch["x"]}
 
 
+class ShortMask(Component):
+    """Returns a mask one row short when a row's first column equals ``value``: a result that breaks the
+    component's own declaration."""
+
+    inputs: ClassVar[dict[str, Port]] = {"x": ROW}
+    outputs: ClassVar[dict[str, Port]] = {"x": ROW}
+    Params: ClassVar[type[BaseModel]] = ValueParams
+    params: ValueParams
+
+    def process(self, batch: Batch) -> Result:
+        x = batch["x"]
+        short = (x[:, 0] == self.params.value).any()
+        return Result({"x": x}, mask={"x": np.ones(len(x) - 1 if short else len(x), dtype=bool)})
+
+
 class Emit(Component):
     """Emits ``x`` unless its first column equals ``value`` (then NaN, or float64 rows of 4 otherwise)."""
 
