@@ -143,21 +143,13 @@ def cmd_control(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prepare(topology: Any) -> None:
-    """Run each component's one-time preparation (e.g. train a missing model) before workers start."""
-    from flowserve.runtime.heap import settle
-
-    for node in topology.nodes.values():
-        node.component.prepare()
-    settle()  # preparing imported torch here too: its full collections would stall the sample traffic
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from flowserve.runtime.host import ProcessHost, create_topology_topics
+    from flowserve.runtime.traffic import prepare_to_drive
 
     topology = _topology(args.topology)
     with console.status("preparing components…"):
-        _prepare(topology)
+        prepare_to_drive(topology)  # before workers start; this process may send the sample traffic
     with _broker(args.broker, args.broker_kind) as kafka:
         host = ProcessHost(Path(args.topology), topology, kafka,
                            log_dir=Path(args.log_dir) if args.log_dir else None)

@@ -42,11 +42,10 @@ from flowserve.bench.paired import Slice
 from flowserve.client import TopologyClient
 from flowserve.client.kafka import new_request_id
 from flowserve.errors import BrokerError
-from flowserve.runtime.heap import settle
 from flowserve.runtime.host import ProcessHost, create_topology_topics
 from flowserve.runtime.kafka import delete_topics
 from flowserve.runtime.settings import KafkaSettings
-from flowserve.runtime.traffic import wait_ready
+from flowserve.runtime.traffic import prepare_to_drive, wait_ready
 from flowserve.topology.graph import Topology, load_topology_text
 
 DIGITS = """
@@ -278,13 +277,10 @@ async def capture_bench(kafka: KafkaSettings, rate: float = 200.0, seconds: floa
                         blocks: int = BLOCKS) -> dict[str, Any]:
     """``parts`` (both by default); ``seconds`` of measurement per configuration (and per side of the
     detector), in ``blocks`` fresh deployments."""
-    _, probe = _topology(None)
-    for node in probe.nodes.values():
-        node.component.prepare()  # train the model once if it is not cached
     inputs = _inputs(1000)
-    # Preparing imported torch into this process, the load generator: unfrozen, each of its full
-    # collections (~100 ms) stalls every request of whichever side is taking load, the p99's lottery.
-    settle()
+    # Trains the model once if it is not cached. Unfrozen, this process's (the load generator's) full
+    # collections stall whichever side is taking load: the p99's lottery.
+    prepare_to_drive(_topology(None)[1])
     result: dict[str, Any] = {"workload": "capture", "layout": "ProcessHost workers, load from the bench process",
                               "seconds": seconds, "slice_s": slice_s, "blocks": blocks, "rate": rate,
                               "concurrency": CONCURRENCY}

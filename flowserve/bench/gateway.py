@@ -26,10 +26,9 @@ import numpy as np
 from flowserve.bench.common import console
 from flowserve.client import TopologyClient, new_request_id
 from flowserve.client.http import AsyncHttpClient, build_request
-from flowserve.runtime.heap import settle
 from flowserve.runtime.host import ProcessHost, create_topology_topics
 from flowserve.runtime.settings import KafkaSettings
-from flowserve.runtime.traffic import load_sampler, wait_ready
+from flowserve.runtime.traffic import load_sampler, prepare_to_drive, wait_ready
 from flowserve.topology import load_topology
 
 LEVELS = (1, 8, 32, 128)
@@ -105,10 +104,8 @@ async def gateway_bench(kafka: KafkaSettings, seconds: float = 5.0, levels: tupl
 async def _bench_topology(kafka: KafkaSettings, path: Path, seconds: float,
                           levels: tuple[int, ...]) -> dict[str, Any]:
     topology = load_topology(path)
-    for node in topology.nodes.values():
-        node.component.prepare()
+    prepare_to_drive(topology)
     inputs, _ = load_sampler(topology)(256)
-    settle()  # this process (the load generator) imported torch: its full collections would be the tail
     bodies = [build_request(x)[0] for x in inputs]
     infer = f"/v2/models/{topology.name}/infer"
     await create_topology_topics(topology, kafka)
