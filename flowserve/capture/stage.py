@@ -13,11 +13,14 @@ the worker's outputs). Lineage is written as one record per commit, not per batc
 capture does (measured on Apache Kafka at saturation: +70 us per request of CPU over the processes
 and the broker, throughput -9%), and the worker commits only offsets whose lineage is acknowledged.
 
-Per sampled request the hot path does a hash (sampling, below 100%), two
-``getrandbits``, one header write and one ``%``-format each for its lineage entry and its span line;
-the sampled requests are kept as parallel lists of ints, not objects, so the garbage collector has
-nothing new to track (measured in-process: ~11 us per request per stage, was ~35 with the exporter
-thread and collector time).
+Per sampled request the hot path does a hash (sampling, below 100%), a check and slice of its incoming
+``traceparent``, one header write and one f-string each for its lineage entry and its span line. Trace
+and span ids stay lowercase hex text from the incoming header to the outgoing one, the lineage entry and
+the span line (they are never used as numbers there), and a batch's new span ids come from one
+``getrandbits`` call. The sampled requests are kept as parallel lists of strings, not objects, so the
+garbage collector has nothing new to track. Measured in-process, lineage and tracing on, a batch of 58
+(what the capture bench's closed loop gives): ~3.3 us per request per stage; ~6.5 with the ids as ints
+(parsed, drawn and formatted as hex up to four times each); ~35 with SDK spans and an exporter thread.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flowserve.capture.policy import lineage_topic, node_policy, side_topic
-from flowserve.capture.tracing import new_span_id, new_trace_id, parse_traceparent
+from flowserve.capture.tracing import new_span_ids, new_trace_id, parse_traceparent
 from flowserve.wire.envelope import H_NODE, H_REPLY_TO, H_TRACEPARENT, inherit
 from flowserve.wire.tensors import encode_split, encode_tensors
 
@@ -75,27 +78,31 @@ class Tap:
     t0: float
     start_ns: int = 0
     #: per sampled request: its position in the group, its incoming traceparent (restored if the batch is
-    #: retried), its trace id (0: unknown), this stage's span id (tracing on) or the incoming parent's,
-    #: and the incoming parent span id (0 when the request started a new trace here).
+    #: retried), and as lowercase hex: its trace id ("": unknown), this stage's span id (tracing on) or the
+    #: incoming parent's, and the incoming parent span id ("" when the request started a new trace here).
+    #: Hex text, not ints: the ids are only ever copied into headers, lineage and span lines.
     index: list[int] = field(default_factory=list)
     original: list[bytes | None] = field(default_factory=list)
-    trace_id: list[int] = field(default_factory=list)
-    span_id: list[int] = field(default_factory=list)
-    parent_id: list[int] = field(default_factory=list)
+    trace_id: list[str] = field(default_factory=list)
+    span_id: list[str] = field(default_factory=list)
+    parent_id: list[str] = field(default_factory=list)
 
 
-def _incoming(raw: bytes | None) -> tuple[int, int]:
-    """(trace id, span id) of an incoming W3C traceparent, (0, 0) when absent or malformed."""
-    if raw is not None and len(raw) == 55 and raw[2:3] == b"-" and raw[35:36] == b"-":
-        try:  # the common, well-formed case without the general parser
-            trace_id, span_id = int(raw[3:35], 16), int(raw[36:52], 16)
-        except ValueError:
-            return 0, 0
-        if trace_id and span_id and raw[:2] != b"ff":
+_HEX = b"0123456789abcdef-"
+_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
+
+
+def _incoming(raw: bytes | None) -> tuple[str, str]:
+    """(trace id, span id) of an incoming W3C traceparent as lowercase hex, ("", "") when absent or malformed."""
+    if (raw is not None and len(raw) == 55 and raw[2:3] == b"-" and raw[35:36] == b"-" and raw[52:53] == b"-"
+            and not raw[3:52].strip(_HEX) and raw[:2] != b"ff"):  # the common case, checked without parsing
+        text = raw.decode()
+        trace_id, span_id = text[3:35], text[36:52]
+        if trace_id != _ZERO_TRACE and span_id != _ZERO_SPAN:
             return trace_id, span_id
-        return 0, 0
+        return "", ""
     parsed = parse_traceparent(raw)
-    return (parsed[0], parsed[1]) if parsed else (0, 0)
+    return (f"{parsed[0]:032x}", f"{parsed[1]:016x}") if parsed else ("", "")
 
 
 class StageCapture:
@@ -180,6 +187,7 @@ class StageCapture:
             everything = self.policy.sample >= 1.0
             indexes, originals, traces, spans, parents = tap.index, tap.original, tap.trace_id, tap.span_id, \
                 tap.parent_id
+            fresh = new_span_ids(len(group)) if tracing else None  # one draw for the batch
             for index, item in enumerate(group):
                 r = item.ready
                 if not (everything or sampled(r.request_id)):
@@ -189,15 +197,15 @@ class StageCapture:
                 trace_id, parent_id = _incoming(original)
                 indexes.append(index)
                 originals.append(original)
-                if not tracing:
+                if fresh is None:
                     traces.append(trace_id)
                     spans.append(parent_id)
-                    parents.append(0)
+                    parents.append("")
                     continue
                 if not trace_id:
-                    trace_id, parent_id = new_trace_id(), 0
-                span_id = new_span_id()
-                headers[H_TRACEPARENT] = b"00-%032x-%016x-01" % (trace_id, span_id)
+                    trace_id, parent_id = new_trace_id(), ""
+                span_id = fresh[len(spans)]
+                headers[H_TRACEPARENT] = f"00-{trace_id}-{span_id}-01".encode()
                 traces.append(trace_id)
                 spans.append(span_id)
                 parents.append(parent_id)
@@ -216,19 +224,24 @@ class StageCapture:
             self._export_spans(tap, [why] * len(tap.index), batch_error=why)
         self._open = None
 
-    def _export_spans(self, tap: Tap, errors: list[str | None] | None, batch_error: str | None = None) -> None:
-        """One span per sampled request (child of its incoming traceparent) and one per batch, linked to them."""
+    def _export_spans(self, tap: Tap, errors: list[str | None] | None, batch_error: str | None = None,
+                      rids: list[str] | None = None) -> None:
+        """One span per sampled request (child of its incoming traceparent) and one per batch, linked to them.
+
+        ``rids``: the sampled requests' ids already as JSON strings, when the caller has them.
+        """
         end_ns = time.time_ns()
         group = tap.group
-        self.spans += self._spans.batch(tap.batch_id, len(group), tap.start_ns or end_ns, end_ns,
-                                        [group[i].ready.request_id for i in tap.index], tap.trace_id,
-                                        tap.span_id, tap.parent_id, errors, batch_error)
+        if rids is None:
+            rids = [_jstr(group[i].ready.request_id) for i in tap.index]
+        self.spans += self._spans.batch(tap.batch_id, len(group), tap.start_ns or end_ns, end_ns, rids,
+                                        tap.trace_id, tap.span_id, tap.parent_id, errors, batch_error)
 
     def end(self, tap: Tap, sizes: Sequence[int], outputs: Mapping[str, np.ndarray],
             mask: Mapping[str, np.ndarray], errors: Mapping[int, str]) -> None:
         """After the batch's outputs are queued: captured ports, one lineage record, spans, side reports.
 
-        The lineage entries are formatted as JSON text directly (one ``%``-format per request): the ports
+        The lineage entries are formatted as JSON text directly (one f-string per request): the ports
         written are the same for every request of a batch unless a mask or an error says otherwise.
         """
         self._open = None
@@ -258,11 +271,15 @@ class StageCapture:
             captured = self._captured(tap, sizes, outputs, mask, errors, uniform) if self.capture_topics else {}
             emits = bool(node.emits_outputs) and any(p in outputs for p in node.emits_outputs.values())
             entries: list[str] = []
+            rids: list[str] = []  # the sampled requests' ids as JSON strings, for lineage and spans alike
             failed: list[str | None] | None = [None] * len(tap.index) if errors else None
-            line = '[%s,%d,%d,%d,[%s],[%s],"%s","%s",%s]'
+            simple = not masked and not captured and not emits  # every request wrote exactly the fixed ports
+            inputs, traces, spans = self._inputs, tap.trace_id, tap.span_id
             for k, index in enumerate(tap.index):
                 item = group[index]
                 r = item.ready
+                rid = _jstr(r.request_id)
+                rids.append(rid)
                 lo, hi = (starts[index], starts[index + 1]) if starts is not None else (index * n0, (index + 1) * n0)
                 error = next((errors[i] for i in range(lo, hi) if i in errors), None) if errors else None
                 if error is not None:
@@ -270,7 +287,11 @@ class StageCapture:
                     failed[k] = error
                 if not lineage:
                     continue
-                if error is None:
+                if error is not None:
+                    outs = ""
+                elif simple:
+                    outs = fixed_text
+                else:
                     written = [fixed_text] if fixed_text else []
                     for topic, port, m in masked:
                         if m[lo:hi].any():
@@ -280,15 +301,10 @@ class StageCapture:
                     if emits:
                         written.append(self._reply_part(r, topics))
                     outs = ",".join(written)
-                else:
-                    outs = ""
-                trace_id, span_id = tap.trace_id[k], tap.span_id[k]
-                entries.append(line % (_jstr(r.request_id), index, hi - lo, r.partition, self._inputs(item, topics),
-                                       outs, f"{trace_id:032x}" if trace_id else "",
-                                       f"{span_id:016x}" if span_id else "",
-                                       "null" if error is None else _jstr(error)))
+                entries.append(f'[{rid},{index},{hi - lo},{r.partition},[{inputs(item, topics)}],[{outs}],'
+                               f'"{traces[k]}","{spans[k]}",{"null" if error is None else _jstr(error)}]')
             if self._spans is not None:
-                self._export_spans(tap, failed)
+                self._export_spans(tap, failed, rids=rids)
             if lineage:
                 self._lineage(tap, entries, batch_ms, group[tap.index[0]].ready.partition)
         if self.side_topic is not None:
@@ -338,9 +354,9 @@ class StageCapture:
         r = item.ready
         if getattr(r, "offsets", None):
             return ",".join(f"[{topics.setdefault(t, len(topics))},{p},{o}]" for (t, p), o in r.offsets)
-        if item.source:
+        if item.source:  # "topic:partition:offset", both numbers written by the worker's intake
             topic, partition, offset = item.source.rsplit(":", 2)
-            return f"[{topics.setdefault(topic, len(topics))},{int(partition)},{int(offset)}]"
+            return f"[{topics.setdefault(topic, len(topics))},{partition},{offset}]"
         return ""
 
     def _lineage(self, tap: Tap, entries: list[str], batch_ms: float, partition: int) -> None:

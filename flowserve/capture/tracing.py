@@ -13,16 +13,16 @@ Trace context travels in the W3C ``traceparent`` Kafka header: a stage's per-req
 the incoming record's traceparent and the records it writes carry that span's traceparent.
 
 Stages do not go through ``Tracer.start_span`` per request (about 40 us each with context handling,
-sampler and attribute validation): capture already chose the requests, so a stage draws span ids from a
-fast generator (:func:`new_span_id`), writes the outgoing ``traceparent`` itself, and at the end of the
-batch hands the whole batch's spans to its :class:`StageSpans` in one call. With the local exporter the
-span lines are formatted right there (one ``%``-format per span, no SDK objects, nothing the garbage
-collector tracks) and appended to a buffer written out every second or 256 KB: about 2 us per span,
-where building SDK spans and queueing them for an exporter thread cost about 20 (object churn that kept
-the collector busy, and a second thread contending for the GIL). With ``use_exporter`` or OTLP the
-same batch becomes SDK ``ReadableSpan`` objects handed to the SDK's span processor (a
-``BatchSpanProcessor`` with a bounded queue for OTLP: spans beyond it are dropped and counted by the
-SDK, never blocking a stage; a ``SimpleSpanProcessor`` for ``use_exporter``).
+sampler and attribute validation): capture already chose the requests, so a stage draws a batch's span
+ids in one call (:func:`new_span_ids`, hex text), writes the outgoing ``traceparent`` itself, and at the
+end of the batch hands the whole batch's spans to its :class:`StageSpans` in one call. With the local
+exporter the span lines are formatted right there (one f-string per span around the batch's common
+parts, no SDK objects, nothing the garbage collector tracks) and appended to a buffer written out every
+second or 256 KB: about 1 us per span, where building SDK spans and queueing them for an exporter thread
+cost about 20 (object churn that kept the collector busy, and a second thread contending for the GIL).
+With ``use_exporter`` or OTLP the same batch becomes SDK ``ReadableSpan`` objects handed to the SDK's span
+processor (a ``BatchSpanProcessor`` with a bounded queue for OTLP: spans beyond it are dropped and
+counted by the SDK, never blocking a stage; a ``SimpleSpanProcessor`` for ``use_exporter``).
 """
 
 from __future__ import annotations
@@ -185,13 +185,27 @@ def tracer() -> Any:
         return _provider.get_tracer("flowserve")
 
 
-def new_span_id() -> int:
-    """A random, non-zero 64-bit span id (``random.getrandbits``: ~0.1 us, vs the SDK's ~1 us)."""
-    return _ids.getrandbits(64) or 1
+def new_span_id() -> str:
+    """A random, non-zero 64-bit span id as 16 lowercase hex digits (``random.getrandbits``: ~0.1 us, vs the
+    SDK's ~1 us)."""
+    return "%016x" % (_ids.getrandbits(64) or 1)
 
 
-def new_trace_id() -> int:
-    return _ids.getrandbits(128) or 1
+def new_trace_id() -> str:
+    """A random, non-zero 128-bit trace id as 32 lowercase hex digits."""
+    return "%032x" % (_ids.getrandbits(128) or 1)
+
+
+def new_span_ids(n: int) -> list[str]:
+    """``n`` random, non-zero 64-bit span ids as 16 lowercase hex digits: one draw and one format for all."""
+    if n <= 0:
+        return []
+    text = f"{_ids.getrandbits(64 * n):0{16 * n}x}"
+    ids = [text[i:i + 16] for i in range(0, 16 * n, 16)]
+    return [s if s != _ZERO_SPAN else "0000000000000001" for s in ids] if _ZERO_SPAN in text else ids
+
+
+_ZERO_SPAN = "0" * 16
 
 
 class SpanFactory:
@@ -235,27 +249,23 @@ class SpanFactory:
             processor.on_end(span)
 
 
-_REQUEST_LINE = ('{"name":%s,"trace_id":"%032x","span_id":"%016x","parent_id":%s,"start_ns":%d,"end_ns":%d,'
-                 '"status":"%s","attributes":{"fs.request_id":%s},"links":[]}\n')
-_LINK = '{"trace_id":"%032x","span_id":"%016x"}'
-
-
 class StageSpans:
     """A stage's spans, exported one batch at a time: a span per request, one per batch linked to them.
 
-    :meth:`batch` takes parallel lists (plain ints and strings); see the module docstring for the paths.
+    :meth:`batch` takes parallel lists of plain strings: the request ids as JSON strings and the trace,
+    span and parent span ids as lowercase hex ("" for no parent); see the module docstring for the paths.
     """
 
     def __init__(self, node: str, topology: str) -> None:
         self.node = node
         self.attrs = {"fs.node": node, "fs.topology": topology}
-        self._name = _jstr(node)
+        self._head = f'{{"name":{_jstr(node)},"trace_id":"'
         self._batch_name = _jstr(f"{node}.batch")
         self._attrs_head = _dumps(self.attrs)[:-1]
         self._factory: SpanFactory | None = None
 
     def batch(self, batch_id: str, size: int, start_ns: int, end_ns: int, rids: Sequence[str],
-              trace_ids: Sequence[int], span_ids: Sequence[int], parent_ids: Sequence[int],
+              trace_ids: Sequence[str], span_ids: Sequence[str], parent_ids: Sequence[str],
               errors: Sequence[str | None] | None = None, batch_error: str | None = None) -> int:
         """Export one batch's spans; returns how many (0 when tracing output is off)."""
         mode = _mode or _choose_mode()
@@ -264,15 +274,19 @@ class StageSpans:
         if mode == "sdk":
             return self._sdk(batch_id, size, start_ns, end_ns, rids, trace_ids, span_ids, parent_ids, errors,
                              batch_error)
-        line, name = _REQUEST_LINE, self._name
+        # Each request's line is its own ids between parts that are the same for the whole batch.
+        head = self._head
+        times = f',"start_ns":{start_ns},"end_ns":{end_ns},"status":"'
+        ok, bad = times + 'UNSET","attributes":{"fs.request_id":', times + 'ERROR","attributes":{"fs.request_id":'
         parts = []
         for i, rid in enumerate(rids):
             parent = parent_ids[i]
-            bad = errors is not None and errors[i] is not None
-            parts.append(line % (name, trace_ids[i], span_ids[i], f'"{parent:016x}"' if parent else "null",
-                                 start_ns, end_ns, "ERROR" if bad else "UNSET", _jstr(rid)))
-        links = ",".join([_LINK % pair for pair in zip(trace_ids, span_ids, strict=True)])
-        parts.append(f'{{"name":{self._batch_name},"trace_id":"{new_trace_id():032x}","span_id":"{new_span_id():016x}",'
+            parent_text = f'"{parent}"' if parent else "null"
+            rest = bad if errors is not None and errors[i] is not None else ok
+            parts.append(f'{head}{trace_ids[i]}","span_id":"{span_ids[i]}","parent_id":{parent_text}{rest}{rid}}},'
+                         f'"links":[]}}\n')
+        links = ",".join([f'{{"trace_id":"{t}","span_id":"{s}"}}' for t, s in zip(trace_ids, span_ids, strict=True)])
+        parts.append(f'{{"name":{self._batch_name},"trace_id":"{new_trace_id()}","span_id":"{new_span_id()}",'
                      f'"parent_id":null,"start_ns":{start_ns},"end_ns":{end_ns},'
                      f'"status":"{"ERROR" if batch_error is not None else "UNSET"}",'
                      f'"attributes":{self._attrs_head},"fs.batch.id":{_jstr(batch_id)},"fs.batch.size":{size}}},'
@@ -281,21 +295,22 @@ class StageSpans:
         return len(rids) + 1
 
     def _sdk(self, batch_id: str, size: int, start_ns: int, end_ns: int, rids: Sequence[str],
-             trace_ids: Sequence[int], span_ids: Sequence[int], parent_ids: Sequence[int],
+             trace_ids: Sequence[str], span_ids: Sequence[str], parent_ids: Sequence[str],
              errors: Sequence[str | None] | None, batch_error: str | None) -> int:
         f = self._factory
         if f is None or _processor is None:
             f = self._factory = SpanFactory()
         spans, links = [], []
         for i, rid in enumerate(rids):
-            ctx = f.context(trace_ids[i], span_ids[i])
-            parent = f.context(trace_ids[i], parent_ids[i], remote=True) if parent_ids[i] else None
-            spans.append(f.span(self.node, ctx, parent, start_ns, end_ns, {"fs.request_id": rid},
+            trace_id = int(trace_ids[i], 16)
+            ctx = f.context(trace_id, int(span_ids[i], 16))
+            parent = f.context(trace_id, int(parent_ids[i], 16), remote=True) if parent_ids[i] else None
+            spans.append(f.span(self.node, ctx, parent, start_ns, end_ns, {"fs.request_id": json.loads(rid)},
                                 error=errors[i] if errors is not None else None))
             links.append(f.link(ctx))
         attrs = {**self.attrs, "fs.batch.id": batch_id, "fs.batch.size": size}
-        spans.append(f.span(f"{self.node}.batch", f.context(new_trace_id(), new_span_id()), None, start_ns, end_ns,
-                            attrs, links=links, error=batch_error))
+        spans.append(f.span(f"{self.node}.batch", f.context(int(new_trace_id(), 16), int(new_span_id(), 16)), None,
+                            start_ns, end_ns, attrs, links=links, error=batch_error))
         f.export(spans)
         return len(spans)
 
@@ -352,6 +367,9 @@ def _load_api() -> Any:
 
 
 _dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
+
+
+_LINK = '{"trace_id":"%032x","span_id":"%016x"}'
 
 
 def span_line(span: Any) -> str:

@@ -12,11 +12,12 @@ def test_spans_from_the_factory_export_as_json_lines_equal_to_span_dict(tmp_path
     tracing.use_exporter(None)  # the default exporter: JSON lines under FLOWSERVE_TRACES_DIR
     try:
         f = tracing.SpanFactory()
-        trace_id, span_id = tracing.new_trace_id(), tracing.new_span_id()
+        trace_id, span_id = int(tracing.new_trace_id(), 16), int(tracing.new_span_id(), 16)
         request = f.span("model", f.context(trace_id, span_id), f.context(trace_id, 7, remote=True), 10, 20,
                          {"fs.request_id": 'r"1'}, error="boom")
-        batch = f.span("model.batch", f.context(tracing.new_trace_id(), tracing.new_span_id()), None, 10, 20,
-                       {"fs.batch.size": 1}, links=[f.link(request.context)])
+        ids = int(tracing.new_trace_id(), 16), int(tracing.new_span_id(), 16)
+        batch = f.span("model.batch", f.context(*ids), None, 10, 20, {"fs.batch.size": 1},
+                       links=[f.link(request.context)])
         f.export([request, batch])
         tracing.flush()
     finally:
@@ -32,8 +33,10 @@ def test_stage_spans_write_the_same_lines_locally_as_the_sdk_spans_they_stand_fo
 
     monkeypatch.setenv("FLOWSERVE_TRACES_DIR", str(tmp_path))
     trace_ids = [tracing.new_trace_id() for _ in range(3)]
-    span_ids = [tracing.new_span_id() for _ in range(3)]
-    args = ("model-abc-1", 4, 100, 250, ["r1", 'r"2', "r3"], trace_ids, span_ids, [7, 0, 9], [None, "boom", None])
+    span_ids = tracing.new_span_ids(3)
+    rids = [json.dumps(rid) for rid in ("r1", 'r"2', "r3")]  # batch() takes them as JSON strings
+    args = ("model-abc-1", 4, 100, 250, rids, trace_ids, span_ids, [f"{7:016x}", "", f"{9:016x}"],
+            [None, "boom", None])
     stage = tracing.StageSpans("model", "digits")
     tracing.use_exporter(None)  # the local exporter: lines formatted without SDK objects
     try:
@@ -53,4 +56,11 @@ def test_stage_spans_write_the_same_lines_locally_as_the_sdk_spans_they_stand_fo
     assert lines[0]["parent_id"] == f"{7:016x}" and lines[1]["parent_id"] is None
     assert lines[3]["attributes"] == {"fs.node": "model", "fs.topology": "digits", "fs.batch.id": "model-abc-1",
                                       "fs.batch.size": 4}
-    assert [lk["span_id"] for lk in lines[3]["links"]] == [f"{s:016x}" for s in span_ids]
+    assert [lk["span_id"] for lk in lines[3]["links"]] == span_ids
+    assert lines[1]["attributes"] == {"fs.request_id": 'r"2'}
+
+
+def test_span_ids_drawn_together_are_distinct_16_hex_digits() -> None:
+    ids = tracing.new_span_ids(1000)
+    assert len(set(ids)) == 1000 and all(len(s) == 16 and int(s, 16) for s in ids)
+    assert tracing.new_span_ids(0) == [] and len(tracing.new_trace_id()) == 32
