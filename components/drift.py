@@ -46,7 +46,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from flowserve.component import Batch, Component, Port
+from flowserve.component import Batch, Component, Port, torch_threads
 from flowserve.errors import ComponentError
 
 log = logging.getLogger("flowserve.drift")
@@ -277,6 +277,7 @@ class _Detector(Component):
         if p.method == "mmd":
             import torch
 
+            torch_threads(p.threads)  # in this (the detector's pool) thread: setup() ran in another
             torch.manual_seed(p.seed + s.windows)
             window = _2d(window).astype(np.float32)
         elif p.method == "chi2":

@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from components import models
-from flowserve.component import Batch, Component, Port, pick_device
+from flowserve.component import Batch, Component, Port, pick_device, torch_threads
 from flowserve.errors import ComponentError
 
 if TYPE_CHECKING:
@@ -110,6 +110,8 @@ class TorchClassifier(Component):
 
         if self._model is None:
             raise ComponentError(f"node '{self.node}': TorchClassifier.process called before setup()")
+        if self.device == "cpu":
+            torch_threads(self.params.threads)  # in this thread: setup() ran in another
         x = np.ascontiguousarray(batch["x"], dtype=np.float32)
         with torch.inference_mode():
             logits = self._model(self._to_device(x))

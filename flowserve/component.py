@@ -215,6 +215,20 @@ def pick_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def torch_threads(n: int) -> None:
+    """Run torch's CPU ops in the calling thread on ``n`` threads. Call it where the work runs.
+
+    Under OpenMP, torch's thread count is per OS thread. ``setup`` runs in a helper thread, so setting it
+    there leaves the thread that runs ``process`` at its default, one thread per core: each op then runs
+    as a team whose idle member spins at the barrier after it. Measured on the digits model worker at
+    saturation: 100-190 us of CPU per request instead of ~45. Cheap enough (~0.3 us) to call every batch.
+    """
+    import torch
+
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
 def load_component_class(ref: str) -> type[Component]:
     """Import ``module.path:ClassName`` and check it is a :class:`Component`."""
     module_name, sep, attr = ref.partition(":")

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from flowserve.bench import paired
-from flowserve.bench.common import console, run_id
+from flowserve.bench.common import console, cpu_seconds, run_id
 from flowserve.bench.latency import _open_loop
 from flowserve.bench.paired import Slice
 from flowserve.client import TopologyClient
@@ -184,21 +184,24 @@ def _slices(seconds: float, slice_s: float) -> int:
 
 async def _in_blocks(kafka: KafkaSettings, tmp: Path, sides: Mapping[str, Callable[[], tuple[str, Topology]]],
                      blocks: int, per_block: int, ready: Callable[[dict[str, TopologyClient]], Awaitable[None]],
-                     measure: Callable[[TopologyClient], Awaitable[T]]) -> tuple[dict[str, list[T]], list[int]]:
+                     measure: Callable[[str, ProcessHost, TopologyClient], Awaitable[T]],
+                     ) -> tuple[dict[str, list[T]], list[int]]:
     """Deploy every side (``sides``: a function making its topology) afresh in each of ``blocks`` blocks,
-    side by side; once ``ready``, let them take ``per_block`` slices each of ``measure`` in
-    :func:`paired.balanced_order`. Returns every side's slices, and the block of each slice index."""
+    side by side; once ``ready``, let them take ``per_block`` slices each of ``measure`` (given the side's
+    label, workers and client) in :func:`paired.balanced_order`. Returns every side's slices, and the block
+    of each slice index."""
     out: dict[str, list[T]] = {label: [] for label in sides}
     block_of: list[int] = []
     for block in range(blocks):
         async with contextlib.AsyncExitStack() as stack:
+            hosts: dict[str, ProcessHost] = {}
             clients: dict[str, TopologyClient] = {}
             for label, make in sides.items():
-                _, clients[label] = await stack.enter_async_context(_deployed(kafka, *make(), tmp))
+                hosts[label], clients[label] = await stack.enter_async_context(_deployed(kafka, *make(), tmp))
             await ready(clients)
             order = paired.balanced_order(list(sides), per_block)
             for label in order:
-                out[label].append(await measure(clients[label]))
+                out[label].append(await measure(label, hosts[label], clients[label]))
             block_of += [block] * order.count(order[0])
         console.print(f"block {block + 1}/{blocks} done: {len(block_of)} slices per side")
     return out, block_of
@@ -213,10 +216,33 @@ async def _saturation(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]],
             await _warm(client, inputs)
             await _saturate(client, inputs, slice_s)  # batch sizes and caches at load, not measured
 
+    # CPU seconds per side: each worker process's and the load generator's (this process), over its slices
+    cpu: dict[str, dict[str, float]] = {label: {} for label in SATURATION}
+
+    async def measure(label: str, host: ProcessHost, client: TopologyClient) -> Slice:
+        pids = {node: procs[0].pid for node, procs in host.procs.items()}
+        before = {node: cpu_seconds(pid) for node, pid in pids.items()} | {"load": cpu_seconds()}
+        piece = await _saturate(client, inputs, slice_s)
+        after = {node: cpu_seconds(pid) for node, pid in pids.items()} | {"load": cpu_seconds()}
+        for name, t in after.items():
+            cpu[label][name] = cpu[label].get(name, 0.0) + t - before[name]
+        return piece
+
     sides = {label: functools.partial(_topology, sample) for label, sample in SATURATION.items()}
     slices, block_of = await _in_blocks(kafka, tmp, sides, blocks, _slices(seconds / blocks, slice_s), ready,
-                                        lambda client: _saturate(client, inputs, slice_s))
+                                        measure)
     result: dict[str, Any] = {label: paired.summary(s) for label, s in slices.items()}
+    # Throughput at saturation is CPU per request on this machine, and CPU per request is far steadier than
+    # throughput: where capture's cost goes, per process (the broker's is not included).
+    per_request = {label: {name: t / sum(s.requests for s in slices[label]) * 1e6 for name, t in sorted(c.items())}
+                   for label, c in cpu.items()}
+    for c in per_request.values():
+        c["total"] = sum(c.values())
+    result["cpu_us_per_request"] = per_request
+    for label, c in per_request.items():
+        console.print(f"CPU per request, {label:>6}: " + ", ".join(f"{k} {v:.0f}" for k, v in c.items()) + " us")
+    result["cpu_off_vs_100pct"] = per_request["off"]["total"] / per_request["100pct"]["total"]
+    console.print(f"CPU per request, off / 100pct: {result['cpu_off_vs_100pct']:.3f}")
     for label in ("10pct", "100pct"):
         ratio, low, high = paired.throughput_ratio(slices[label], slices["off"], blocks=block_of)
         result[f"throughput_{label}_vs_off"] = {"ratio": ratio, "95ci": [low, high]}
@@ -247,7 +273,7 @@ async def _detector(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]], t
 
     sides = {label: functools.partial(_topology, None, detector=label == "detector") for label in DETECTOR_SIDES}
     latencies, block_of = await _in_blocks(kafka, tmp, sides, blocks, _slices(seconds / blocks, slice_s), ready,
-                                           lambda client: _steady(client, inputs, rate, slice_s))
+                                           lambda _label, _host, client: _steady(client, inputs, rate, slice_s))
     result: dict[str, Any] = {label: paired.summary([Slice(len(s), slice_s, s) for s in v])
                               for label, v in latencies.items()}
     # p99 is made of a few stalls (the broker's, the host's) whichever side they fall on, so its interval

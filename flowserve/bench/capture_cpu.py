@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from flowserve.bench.capture import CONCURRENCY, _inputs, _topology, _warm
-from flowserve.bench.common import console
+from flowserve.bench.common import console, cpu_seconds
 from flowserve.client import TopologyClient
 from flowserve.client.kafka import new_request_id
 from flowserve.runtime.settings import KafkaSettings
@@ -24,18 +23,6 @@ from flowserve.runtime.settings import KafkaSettings
 
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
-
-
-def _cpu_s(pid: int | None = None) -> float:
-    """CPU seconds (user + system) of this process, all threads, or of another process by pid (Linux)."""
-    import os
-    import resource
-
-    if pid is None:
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        return r.ru_utime + r.ru_stime
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def capture_cpu(kafka: KafkaSettings, requests: int = 3000, rounds: int = 3,
@@ -83,13 +70,13 @@ async def capture_cpu(kafka: KafkaSettings, requests: int = 3000, rounds: int = 
                         TopologyClient(topology, kafka) as client:
                     await _warm(client, inputs)
                     spent[0] = 0.0
-                    c0, b0, t0 = _cpu_s(), _cpu_s(broker_pid) if broker_pid else 0.0, time.perf_counter()
+                    c0, b0, t0 = cpu_seconds(), cpu_seconds(broker_pid) if broker_pid else 0.0, time.perf_counter()
                     done = await _closed_loop(client, inputs, requests)
                     if sample is not None:
                         from flowserve.capture.tracing import flush
 
                         flush()
-                    c1, b1, t1 = _cpu_s(), _cpu_s(broker_pid) if broker_pid else 0.0, time.perf_counter()
+                    c1, b1, t1 = cpu_seconds(), cpu_seconds(broker_pid) if broker_pid else 0.0, time.perf_counter()
                 result = {"process_us": (c1 - c0) / done * 1e6, "broker_us": (b1 - b0) / done * 1e6,
                           "capture_us": spent[0] / done * 1e6, "throughput_rps": done / (t1 - t0)}
                 runs[label].append(result)

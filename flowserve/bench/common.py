@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import resource
 import uuid
+from pathlib import Path
 from typing import ClassVar
 
 from rich.console import Console
@@ -25,3 +28,16 @@ class Identity(Component):
 
 def run_id() -> str:
     return uuid.uuid4().hex[:8]
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds (user + system, all threads) of this process, or of another by pid (Linux; 0.0 once it
+    has exited)."""
+    if pid is None:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -54,7 +54,7 @@ def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def torch_threads() -> Iterator[None]:
-    """Restore torch's thread count, which TorchClassifier.setup sets process-wide."""
+    """Restore torch's thread count (of the test's thread), which TorchClassifier sets."""
     import torch
 
     before = torch.get_num_threads()

@@ -76,6 +76,32 @@ def test_empty_batch(model_cache: Path, make_batch) -> None:
     assert out["logits"].shape == (0, 10)
 
 
+def test_a_batch_runs_on_the_configured_threads_whichever_thread_runs_it(model_cache: Path, make_batch) -> None:
+    """torch's thread count is per OS thread: the worker runs setup() in a helper thread, and a thread at
+    the default (one per core) makes every op a team whose idle member spins (~2x a worker's CPU)."""
+    import threading
+
+    import torch
+
+    component = TorchClassifier.configure({"model": "digits-mlp", "threads": 1}, node="model")
+    assert isinstance(component, TorchClassifier)
+    helper = threading.Thread(target=component.setup)
+    helper.start()
+    helper.join()
+    seen: list[int] = []
+
+    def run() -> None:
+        torch.set_num_threads(2)  # what a thread that never set it may have
+        component.process(make_batch([1], x=np.zeros((1, 64), dtype=np.float32)))
+        seen.append(torch.get_num_threads())
+
+    run()
+    other = threading.Thread(target=run)
+    other.start()
+    other.join()
+    assert seen == [1, 1]
+
+
 def test_weights_hash_for_lineage(model_cache: Path) -> None:
     component = TorchClassifier.configure({"model": "digits-cnn"}, node="cnn")
     assert isinstance(component, TorchClassifier)
