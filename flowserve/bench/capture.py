@@ -8,7 +8,8 @@ machine's speed drifts by tens of percent over seconds on its own (:mod:`flowser
    capture off, 10% and 100% of requests captured (lineage records and OpenTelemetry spans for each
    captured request). The three are deployed side by side and take the load in turn, one slice each
    (in :func:`~flowserve.bench.paired.balanced_order`), ``seconds`` in all per configuration; ratios to
-   off with 95% intervals.
+   off with 95% intervals, and each process's CPU per request (workers and load generator; at
+   saturation, throughput is CPU per request, and the CPU figures show where capture's cost goes).
 2. The critical path's p50, p90 and p99 at a steady ``rate`` (open loop): the digits topology deployed
    three times side by side, once with a drift detector process on ``pre.x`` (a side branch) and twice
    without, taking the load in turn, ``seconds`` in all for each; percentile(detector) / percentile(both
