@@ -221,7 +221,7 @@ def torch_threads(n: int) -> None:
     Under OpenMP, torch's thread count is per OS thread. ``setup`` runs in a helper thread, so setting it
     there leaves the thread that runs ``process`` at its default, one thread per core: each op then runs
     as a team whose idle member spins at the barrier after it. Measured on the digits model worker at
-    saturation: 100-190 us of CPU per request instead of ~45. Cheap enough (~0.3 us) to call every batch.
+    saturation: 100-190 us of CPU per request instead of ~45. Cheap enough (~0.2 us) to call every batch.
     """
     import torch
 
