@@ -172,7 +172,6 @@ class Component:
         return f"{type(self).__module__}:{type(self).__qualname__}"
 
 
-
 def read_result(component: Component, result: Mapping[str, np.ndarray] | Result, rows: int, *, node: str
                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[int, str]]:
     """``process``'s result as its host reads it: outputs on declared ports only, one row per input row, in
