@@ -116,8 +116,6 @@ class _Detector(Component):
         if self.params.window_s is not None and self.params.window < 2:
             raise ComponentError("window must be >= 2")
         self.context_header = self.params.context_header
-        #: per request of the current batch, the value of ``context_header`` (set by the worker).
-        self.contexts: list[bytes | None] | None = None
         self._states: dict[str | None, _State] = {}
         self._reports: deque[dict[str, Any]] = deque()
         self._pool: ThreadPoolExecutor | None = None
@@ -170,18 +168,16 @@ class _Detector(Component):
     def process(self, batch: Batch) -> dict[str, np.ndarray]:
         data = self.rows(batch)
         now = int(time.time() * 1000)
-        contexts = self.contexts
-        if self.context_header is None or contexts is None or len(contexts) != len(batch.sizes):
+        if self.context_header is None:
             self._add(None, data, now)
         else:
             starts = batch.starts()
             by_ctx: dict[str | None, list[np.ndarray]] = {}
-            for i, raw in enumerate(contexts):
+            for i, raw in enumerate(batch.header(self.context_header)):
                 ctx = raw.decode("utf-8", "replace") if raw is not None else None
                 by_ctx.setdefault(ctx, []).append(data[starts[i]: starts[i] + batch.sizes[i]])
             for ctx, parts in by_ctx.items():
                 self._add(ctx, np.concatenate(parts), now)
-        self.contexts = None
         return {}
 
     def _add(self, ctx: str | None, rows: np.ndarray, now: int) -> None:

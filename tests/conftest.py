@@ -21,7 +21,7 @@ BROKER_KINDS = [k for k in os.environ.get("FLOWSERVE_TEST_BROKERS", "embedded,ka
 @pytest.fixture(scope="session", params=BROKER_KINDS)
 def broker(request: pytest.FixtureRequest) -> Iterator[object]:
     """A running broker of each kind, shared by the whole session."""
-    from flowserve.runtime.brokers import start_broker
+    from flowserve.kafka.brokers import start_broker
 
     b = start_broker(request.param)
     try:

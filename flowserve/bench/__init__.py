@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from typing import Any
 
-from flowserve.runtime.settings import KafkaSettings
+from flowserve.kafka.settings import KafkaSettings
 
 
 def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> dict[str, Any]:

@@ -35,9 +35,9 @@ import numpy as np
 from flowserve.bench.common import console, run_id
 from flowserve.client import TopologyClient
 from flowserve.client.kafka import Reply
+from flowserve.client.traffic import wait_ready
+from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost, create_topology_topics
-from flowserve.runtime.settings import KafkaSettings
-from flowserve.runtime.traffic import wait_ready
 from flowserve.topology import load_topology
 
 MAX_BATCH = 32

@@ -42,11 +42,11 @@ from flowserve.bench.latency import _open_loop
 from flowserve.bench.paired import Slice
 from flowserve.client import TopologyClient
 from flowserve.client.kafka import new_request_id
+from flowserve.client.traffic import prepare_to_drive, wait_ready
 from flowserve.errors import BrokerError
+from flowserve.kafka.admin import delete_topics
+from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost, create_topology_topics
-from flowserve.runtime.kafka import delete_topics
-from flowserve.runtime.settings import KafkaSettings
-from flowserve.runtime.traffic import prepare_to_drive, wait_ready
 from flowserve.topology.graph import Topology, load_topology_text
 
 DIGITS = """

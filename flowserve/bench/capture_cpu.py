@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,10 @@ from flowserve.bench.capture import CONCURRENCY, _inputs, _topology, _warm
 from flowserve.bench.common import console, cpu_seconds
 from flowserve.client import TopologyClient
 from flowserve.client.kafka import new_request_id
-from flowserve.runtime.settings import KafkaSettings
+from flowserve.component import Component
+from flowserve.kafka.settings import KafkaSettings
+from flowserve.runtime.hooks import BatchOutcome, StageContext, StageHooks
+from flowserve.topology.graph import Node, Topology
 
 
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -33,58 +37,71 @@ async def capture_cpu(kafka: KafkaSettings, requests: int = 3000, rounds: int = 
     :class:`~flowserve.runtime.host.InlineHost` with the closed-loop load (``CONCURRENCY`` in flight) in
     the same event loop; per configuration, the process's CPU seconds per request (workers and load
     together), the broker's (when ``broker_pid`` is given), and the part spent inside
-    ``StageCapture.begin``/``end`` (capture's own cost, all stages together). Medians over rounds.
+    capture's ``begin``/``end`` hooks (capture's own cost, all stages together). Medians over rounds.
     """
-    from flowserve.capture.stage import StageCapture
+    from flowserve.capture import capture_hooks
+    from flowserve.kafka.settings import WorkerSettings
     from flowserve.runtime.host import InlineHost
-    from flowserve.runtime.settings import WorkerSettings
 
     spent = [0.0]
-    begin, end = StageCapture.begin, StageCapture.end
 
-    def timed_begin(self: StageCapture, group: Any) -> Any:
-        t = time.thread_time()
-        try:
-            return begin(self, group)
-        finally:
-            spent[0] += time.thread_time() - t
+    class Timed(StageHooks):
+        """Capture's hooks, with the thread CPU spent in ``begin`` and ``end`` added up."""
 
-    def timed_end(self: StageCapture, *args: Any) -> None:
-        t = time.thread_time()
-        try:
-            end(self, *args)
-        finally:
-            spent[0] += time.thread_time() - t
+        def __init__(self, inner: StageHooks) -> None:
+            self.inner = inner
+
+        def start(self, stage: StageContext) -> None:
+            self.inner.start(stage)
+
+        def begin(self, items: Sequence[Any]) -> Any:
+            t = time.thread_time()
+            try:
+                return self.inner.begin(items)
+            finally:
+                spent[0] += time.thread_time() - t
+
+        def end(self, token: Any, outcome: BatchOutcome) -> None:
+            t = time.thread_time()
+            try:
+                self.inner.end(token, outcome)
+            finally:
+                spent[0] += time.thread_time() - t
+
+        def after_step(self, *, force: bool) -> bool:
+            return self.inner.after_step(force=force)
+
+        def close(self) -> None:
+            self.inner.close()
+
+    def timed_capture(topology: Topology, node: Node, component: Component) -> list[StageHooks]:
+        return [Timed(h) for h in capture_hooks(topology, node, component)]
 
     inputs = _inputs(1000)
     _, probe = _topology(None)
     for node in probe.nodes.values():
         node.component.prepare()
     runs: dict[str, list[dict[str, float]]] = {"off": [], "100pct": []}
-    StageCapture.begin, StageCapture.end = timed_begin, timed_end  # type: ignore[method-assign,assignment]
-    try:
-        for round_ in range(rounds):
-            for label, sample in (("off", None), ("100pct", 1.0)):
-                _, topology = _topology(sample)
-                async with InlineHost(topology, kafka, WorkerSettings(metrics_interval_s=0)), \
-                        TopologyClient(topology, kafka) as client:
-                    await _warm(client, inputs)
-                    spent[0] = 0.0
-                    c0, b0, t0 = cpu_seconds(), cpu_seconds(broker_pid) if broker_pid else 0.0, time.perf_counter()
-                    done = await _closed_loop(client, inputs, requests)
-                    if sample is not None:
-                        from flowserve.capture.tracing import flush
+    for round_ in range(rounds):
+        for label, sample in (("off", None), ("100pct", 1.0)):
+            _, topology = _topology(sample)
+            async with InlineHost(topology, kafka, WorkerSettings(metrics_interval_s=0), hooks=timed_capture), \
+                    TopologyClient(topology, kafka) as client:
+                await _warm(client, inputs)
+                spent[0] = 0.0
+                c0, b0, t0 = cpu_seconds(), cpu_seconds(broker_pid) if broker_pid else 0.0, time.perf_counter()
+                done = await _closed_loop(client, inputs, requests)
+                if sample is not None:
+                    from flowserve.capture.tracing import flush
 
-                        flush()
-                    c1, b1, t1 = cpu_seconds(), cpu_seconds(broker_pid) if broker_pid else 0.0, time.perf_counter()
-                result = {"process_us": (c1 - c0) / done * 1e6, "broker_us": (b1 - b0) / done * 1e6,
-                          "capture_us": spent[0] / done * 1e6, "throughput_rps": done / (t1 - t0)}
-                runs[label].append(result)
-                console.print(f"round {round_ + 1}/{rounds} capture {label:>6}: process {result['process_us']:.0f} "
-                              f"us/req, in capture {result['capture_us']:.1f} us/req, broker "
-                              f"{result['broker_us']:.0f} us/req, {result['throughput_rps']:.0f} req/s")
-    finally:
-        StageCapture.begin, StageCapture.end = begin, end  # type: ignore[method-assign]
+                    flush()
+                c1, b1, t1 = cpu_seconds(), cpu_seconds(broker_pid) if broker_pid else 0.0, time.perf_counter()
+            result = {"process_us": (c1 - c0) / done * 1e6, "broker_us": (b1 - b0) / done * 1e6,
+                      "capture_us": spent[0] / done * 1e6, "throughput_rps": done / (t1 - t0)}
+            runs[label].append(result)
+            console.print(f"round {round_ + 1}/{rounds} capture {label:>6}: process {result['process_us']:.0f} "
+                          f"us/req, in capture {result['capture_us']:.1f} us/req, broker "
+                          f"{result['broker_us']:.0f} us/req, {result['throughput_rps']:.0f} req/s")
     off, full = _median(runs["off"]), _median(runs["100pct"])
     ratio = (off["process_us"] + off["broker_us"]) / (full["process_us"] + full["broker_us"])
     console.print(f"capture's own CPU: {full['capture_us']:.1f} us/req; CPU per request off / 100%: {ratio:.3f}")
@@ -117,7 +134,7 @@ def main() -> None:
     import json
     import sys
 
-    from flowserve.runtime.brokers import running_broker
+    from flowserve.kafka.brokers import running_broker
 
     requests = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3

@@ -26,9 +26,9 @@ import numpy as np
 from flowserve.bench.common import console
 from flowserve.client import TopologyClient, new_request_id
 from flowserve.client.http import AsyncHttpClient, build_request
+from flowserve.client.traffic import load_sampler, prepare_to_drive, wait_ready
+from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost, create_topology_topics
-from flowserve.runtime.settings import KafkaSettings
-from flowserve.runtime.traffic import load_sampler, prepare_to_drive, wait_ready
 from flowserve.topology import load_topology
 
 LEVELS = (1, 8, 32, 128)

@@ -16,10 +16,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from flowserve.bench.common import console, run_id
 from flowserve.client import TopologyClient
+from flowserve.client.traffic import wait_ready
+from flowserve.kafka.admin import ensure_topics
+from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import InlineHost
-from flowserve.runtime.kafka import ensure_topics
-from flowserve.runtime.settings import KafkaSettings
-from flowserve.runtime.traffic import wait_ready
 from flowserve.topology.graph import load_topology_text
 
 HOPS = 4

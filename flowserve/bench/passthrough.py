@@ -15,9 +15,9 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from flowserve.bench.common import console, run_id
-from flowserve.runtime.kafka import ensure_topics
-from flowserve.runtime.outbox import Outbox
-from flowserve.runtime.settings import KafkaSettings, WorkerSettings
+from flowserve.kafka.admin import ensure_topics
+from flowserve.kafka.outbox import Outbox
+from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.runtime.worker import StageWorker
 from flowserve.topology.graph import load_topology_text
 from flowserve.wire.envelope import make_headers

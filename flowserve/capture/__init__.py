@@ -8,7 +8,8 @@ Heavy dependencies (the OpenTelemetry SDK, alibi-detect) are imported only when 
 
 from __future__ import annotations
 
-from flowserve.capture.policy import NodePolicy, node_policy, sample_point
-from flowserve.capture.spec import CaptureSpec, NodeCaptureSpec
+from flowserve.capture.stage import StageCapture, capture_hooks
+from flowserve.topology.capture import CaptureSpec, NodeCaptureSpec, NodePolicy, node_policy, sample_point
 
-__all__ = ["CaptureSpec", "NodeCaptureSpec", "NodePolicy", "node_policy", "sample_point"]
+__all__ = ["CaptureSpec", "NodeCaptureSpec", "NodePolicy", "StageCapture", "capture_hooks", "node_policy",
+           "sample_point"]

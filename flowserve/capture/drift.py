@@ -15,7 +15,8 @@ from typing import Any
 
 from flowserve.capture.inspect import resolve_base
 from flowserve.capture.reader import Reader
-from flowserve.runtime.settings import KafkaSettings
+from flowserve.kafka.settings import KafkaSettings
+from flowserve.topology import names
 
 
 async def drift_state(kafka: KafkaSettings, topology: str, *, prefix: str = "fs", timeout_s: float = 30.0
@@ -23,7 +24,7 @@ async def drift_state(kafka: KafkaSettings, topology: str, *, prefix: str = "fs"
     """Per ``detector/context``: the latest window's record plus ``windows`` and ``drift_windows`` seen."""
     base = resolve_base(topology, prefix)
     async with Reader(kafka, timeout_s=timeout_s) as reader:
-        records = await reader.read([f"{base}.drift"])
+        records = await reader.read([names.side_topic(base, "drift")])
     state: dict[str, dict[str, Any]] = {}
     for rec in records:
         body = rec.body

@@ -19,11 +19,12 @@ import numpy as np
 
 from flowserve.capture.reader import Decoded, Reader
 from flowserve.errors import FlowserveError
-from flowserve.runtime.settings import KafkaSettings
+from flowserve.kafka.settings import KafkaSettings
+from flowserve.topology import names
 
-SPECIAL = ("inputs", "outputs", "deadletter", "lineage", "drift")
+SPECIAL = (names.INPUTS, names.OUTPUTS, names.DEADLETTER, names.LINEAGE, "drift")
 #: topics of a topology that are not edges: skipped by ``inspect TOPOLOGY`` (name them to read them).
-HIDDEN = ("metrics", "control")
+HIDDEN = names.SERVICE_TOPICS
 _FIRST = 6
 
 
@@ -33,8 +34,8 @@ def resolve_base(topology: str, prefix: str = "fs") -> str:
         from flowserve.topology.spec import load_spec
 
         spec = load_spec(topology)
-        return f"{spec.prefix}.{spec.name}"
-    return f"{prefix}.{topology}"
+        return names.base(spec.prefix, spec.name)
+    return names.base(prefix, topology)
 
 
 def split_target(target: str) -> tuple[str, list[str]]:
@@ -57,7 +58,7 @@ async def target_topics(reader: Reader, target: str, prefix: str = "fs") -> list
     hidden = {f"{base}.{name}" for name in HIDDEN}
     if not rest:
         # Reply routes, worker metrics snapshots and operator commands are not edges of the graph.
-        topics = [t for t in existing if not t.startswith(f"{base}.replies.") and t not in hidden]
+        topics = [t for t in existing if not t.startswith(names.replies_prefix(base)) and t not in hidden]
     elif len(rest) == 1 and rest[0] in (*SPECIAL, *HIDDEN):
         topics = [f"{base}.{rest[0]}"] if f"{base}.{rest[0]}" in existing else []
     elif len(rest) == 1:

@@ -22,7 +22,8 @@ from typing import Any
 from flowserve.capture.inspect import resolve_base, summarize, tensor_json
 from flowserve.capture.reader import Decoded, Reader
 from flowserve.errors import FlowserveError
-from flowserve.runtime.settings import KafkaSettings
+from flowserve.kafka.settings import KafkaSettings
+from flowserve.topology import names
 
 
 @dataclass
@@ -76,7 +77,7 @@ async def lineage(kafka: KafkaSettings, request_id: str, topology: str, *, prefi
     """The lineage steps of ``request_id`` in order of processing (redeliveries appear once per run)."""
     base = resolve_base(topology, prefix)
     async with Reader(kafka, timeout_s=timeout_s) as reader:
-        records = await reader.read([f"{base}.lineage"], contains=json.dumps(request_id).encode())
+        records = await reader.read([names.lineage_topic(base)], contains=json.dumps(request_id).encode())
         steps = [Step(rec) for r in records if isinstance(r.body, dict)
                  for rec in expand(r.body, request_id) if rec.get("node")]
         steps.sort(key=lambda s: (s.record.get("timing", {}).get("start_ms", 0), s.node))

@@ -16,7 +16,7 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from flowserve.errors import BrokerError, WireError
-from flowserve.runtime.settings import KafkaSettings
+from flowserve.kafka.settings import KafkaSettings
 from flowserve.wire.tensors import decode_tensors
 from flowserve.wire.v2 import parse_request
 
@@ -104,7 +104,7 @@ class Reader:
         return sorted(t for t in await self._consumer.topics() if t.startswith(prefix))
 
     async def _partitions(self, topics: Iterable[str]) -> list[TopicPartition]:
-        from flowserve.runtime.kafka import describe_partitions
+        from flowserve.kafka.admin import describe_partitions
 
         wanted = list(dict.fromkeys(topics))
         if not wanted:

@@ -1,26 +1,24 @@
-"""The worker side of capture: per-batch hooks that trace, record lineage and write captured ports.
+"""The worker side of capture: stage hooks that trace, record lineage, write captured ports and side reports.
 
-A :class:`StageCapture` is attached to a stage worker only when its node captures something or its
-component files side reports (drift detectors); otherwise the worker pays nothing. The worker calls
-:meth:`StageCapture.begin` before ``process`` and :meth:`StageCapture.end` after the batch's outputs
-are queued in its Outbox, so everything written here is acknowledged before the batch commits.
+:func:`capture_hooks` gives a stage worker a :class:`StageCapture` only when its node captures something
+or its component files side reports (drift detectors); otherwise the worker pays nothing. As a
+:class:`~flowserve.runtime.hooks.StageHooks`, it sees each batch before ``process`` (``begin``) and after
+its outputs are queued (``end``), and writes through the worker's outbox, so everything it writes is
+acknowledged before the batch commits.
 
 Per batch, the cost is one lineage entry list (all its sampled requests, see :data:`LINEAGE_FIELDS`), the
 batch's spans handed to its :class:`~flowserve.capture.tracing.StageSpans` in one call, and one record
 per sampled request and captured port that no node reads (serialised once per batch and sliced, like
-the worker's outputs). Lineage is written as one record per commit, not per batch
-(:meth:`StageCapture.flush_lineage`): a record of its own per batch cost more than everything else
-capture does (measured on Apache Kafka at saturation: +70 us per request of CPU over the processes
-and the broker, throughput -9%), and the worker commits only offsets whose lineage is acknowledged.
+the worker's outputs). Lineage is written as one record per commit, not per batch (``after_step``):
+a record per batch costs more than everything else capture does, and the worker commits only offsets
+whose lineage is acknowledged.
 
 Per sampled request the hot path does a hash (sampling, below 100%), a check and slice of its incoming
 ``traceparent``, one header write and one f-string each for its lineage entry and its span line. Trace
 and span ids stay lowercase hex text from the incoming header to the outgoing one, the lineage entry and
 the span line (they are never used as numbers there), and a batch's new span ids come from one
 ``getrandbits`` call. The sampled requests are kept as parallel lists of strings, not objects, so the
-garbage collector has nothing new to track. Measured in-process, lineage and tracing on, a batch of 58
-(what the capture bench's closed loop gives): ~3.3 us per request per stage; ~6.5 with the ids as ints
-(parsed, drawn and formatted as hex up to four times each); ~35 with SDK spans and an exporter thread.
+garbage collector has nothing new to track.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import hashlib
 import json
 import logging
 import os
-import sys
 import time
 import zlib
 from collections.abc import Mapping, Sequence
@@ -39,15 +36,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flowserve.capture.policy import lineage_topic, node_policy, side_topic
 from flowserve.capture.tracing import new_span_ids, new_trace_id, parse_traceparent
+from flowserve.component import Component
+from flowserve.runtime.hooks import BatchOutcome, StageContext, StageHooks
+from flowserve.topology.capture import node_policy
+from flowserve.topology.graph import Node, Topology
 from flowserve.wire.envelope import H_NODE, H_REPLY_TO, H_TRACEPARENT, inherit
 from flowserve.wire.tensors import encode_split, encode_tensors
 
 if TYPE_CHECKING:
-    from flowserve.runtime.settings import WorkerSettings
-    from flowserve.runtime.worker import StageWorker
-    from flowserve.topology.graph import Topology
+    from flowserve.runtime.emit import Item
+    from flowserve.runtime.hooks import Emit
+    from flowserve.runtime.join import Ready
 
 log = logging.getLogger("flowserve.capture")
 
@@ -59,11 +59,14 @@ LINEAGE_FIELDS = ["request_id", "index", "rows", "partition", "inputs:[topic,par
 
 _FIELDS = json.dumps(LINEAGE_FIELDS, separators=(",", ":"))
 
+#: a gathered lineage record is written once it is this large, even between commits (a message must fit
+#: the broker's limit, 1 MB by default).
+LINEAGE_RECORD_BYTES = 256 * 1024
 
-def params_hash(component: Any) -> str:
+
+def params_hash(component: Component) -> str:
     """sha256 (16 hex digits) of a component's parameters as canonical JSON."""
-    params: Any = getattr(component, "params", None)
-    body = params.model_dump(mode="json") if hasattr(params, "model_dump") else {}
+    body = component.params.model_dump(mode="json")
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -73,7 +76,7 @@ class Tap:
     """What :meth:`StageCapture.begin` opened for one batch: its sampled requests as parallel lists."""
 
     batch_id: str
-    group: Sequence[Any]
+    group: Sequence[Item]
     started_ms: int
     t0: float
     start_ns: int = 0
@@ -105,20 +108,20 @@ def _incoming(raw: bytes | None) -> tuple[str, str]:
     return (f"{parsed[0]:032x}", f"{parsed[1]:016x}") if parsed else ("", "")
 
 
-class StageCapture:
+class StageCapture(StageHooks):
     """Capture, lineage, tracing and side reports for one stage worker."""
 
-    def __init__(self, worker: StageWorker) -> None:
-        self.worker = worker
-        self.topology = worker.topology
-        self.node = worker.node
-        self.component = worker.component
-        self.policy = node_policy(self.topology.spec, self.node.id)
-        self.capture_topics = dict(self.node.capture_topics)
-        self.lineage_topic = lineage_topic(self.topology) if self.policy.lineage and self.policy.active else None
-        self._side = getattr(self.component, "side_output", None)
-        self.side_topic = side_topic(self.topology, self._side) if self._side else None
-        self._context_header: str | None = getattr(self.component, "context_header", None)
+    def __init__(self, topology: Topology, node: Node, component: Component) -> None:
+        self.topology = topology
+        self.node = node
+        self.component = component
+        self.policy = node_policy(topology.spec, node.id)
+        self.capture_topics = dict(node.capture_topics)
+        self.lineage_topic = topology.lineage_topic if self.policy.lineage and self.policy.active else None
+        side = component.side_output
+        self.side_topic = topology.side_topic(side) if side else None
+        self._emit: Emit | None = None  # the worker's outbox, from start()
+        self._reply_topic: Any = None
         self._spans: Any = None  # a tracing.StageSpans when tracing is on
         self._identity: dict[str, Any] | None = None
         self._open: Tap | None = None
@@ -135,17 +138,11 @@ class StageCapture:
         self.spans = 0
         self.reports = 0
 
-    @classmethod
-    def attach(cls, worker: StageWorker) -> StageCapture | None:
-        """A capture for ``worker`` when its node captures or reports anything, else None (zero cost)."""
-        policy = node_policy(worker.topology.spec, worker.node.id)
-        if not policy.active and not getattr(worker.component, "side_output", None):
-            return None
-        return cls(worker)
-
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, stage: StageContext) -> None:
+        self._emit = stage.emit
+        self._reply_topic = stage.reply_topic
         if self.policy.active and self.policy.tracing:
             from flowserve.capture.tracing import StageSpans
 
@@ -160,25 +157,22 @@ class StageCapture:
     def _ident(self) -> dict[str, Any]:
         # Built on first use: weights hashes are known only after setup().
         if self._identity is None:
-            describe = getattr(self.component, "describe", None)
             self._identity = {
-                "component": describe() if callable(describe) else type(self.component).__name__,
+                "component": self.component.describe(),
                 "params_hash": params_hash(self.component),
-                "weights_hash": getattr(self.component, "weights_hash", None),
+                "weights_hash": self.component.weights_hash,
             }
         return self._identity
 
     # -- per batch -------------------------------------------------------------------------------
 
-    def begin(self, group: Sequence[Any]) -> Tap:
+    def begin(self, group: Sequence[Item]) -> Tap:
         """Before ``process``: choose the sampled requests, give each a span id and point its traceparent at it."""
         if self._open is not None:  # the previous batch failed and is being retried item by item
             self._abort(self._open)
         self._seq += 1
         tap = Tap(f"{self.node.id}-{self._instance}-{self._seq}", group, int(time.time() * 1000),
                   time.perf_counter())
-        if self._context_header is not None:
-            setattr(self.component, "contexts", [it.ready.headers.get(self._context_header) for it in group])  # noqa: B010
         if self.policy.active:
             tracing = self._spans is not None
             if tracing:
@@ -237,13 +231,14 @@ class StageCapture:
         self.spans += self._spans.batch(tap.batch_id, len(group), tap.start_ns or end_ns, end_ns, rids,
                                         tap.trace_id, tap.span_id, tap.parent_id, errors, batch_error)
 
-    def end(self, tap: Tap, sizes: Sequence[int], outputs: Mapping[str, np.ndarray],
-            mask: Mapping[str, np.ndarray], errors: Mapping[int, str]) -> None:
+    def end(self, token: Any, outcome: BatchOutcome) -> None:
         """After the batch's outputs are queued: captured ports, one lineage record, spans, side reports.
 
         The lineage entries are formatted as JSON text directly (one f-string per request): the ports
         written are the same for every request of a batch unless a mask or an error says otherwise.
         """
+        tap: Tap = token
+        sizes, outputs, mask, errors = outcome.sizes, outcome.outputs, outcome.mask, outcome.errors
         self._open = None
         self.batches += 1
         if tap.index:
@@ -317,7 +312,8 @@ class StageCapture:
         Unmasked ports of a batch of equal-sized requests are serialised once (``encode_split``) and
         sliced, as the worker does for its output topics. Returns, per sampled request, the ports written.
         """
-        outbox = self.worker.outbox
+        emit = self._emit
+        assert emit is not None
         starts = np.cumsum([0, *sizes]).tolist()
         written: dict[int, list[str]] = {}
         for port, topic in self.capture_topics.items():
@@ -338,21 +334,21 @@ class StageCapture:
                         continue
                     value = encode_tensors({port: rows})
                 r = tap.group[index].ready
-                outbox.add(topic, r.partition, r.request_id.encode(), value, inherit(r.headers))
+                emit(topic, r.partition, r.request_id.encode(), value, inherit(r.headers))
                 written.setdefault(k, []).append(port)
         return written
 
-    def _reply_part(self, r: Any, topics: dict[str, int]) -> str:
+    def _reply_part(self, r: Ready, topics: dict[str, int]) -> str:
         """'[topic number,"outputs"]' for where this request's outputs went (its reply route or the outputs)."""
         if H_REPLY_TO not in r.headers:  # the common case: the topology's outputs topic
             return f'[{topics.setdefault(self.topology.outputs_topic, len(topics))},"outputs"]'
-        return f'[{topics.setdefault(self.worker._reply_topic(r), len(topics))},"outputs"]'
+        return f'[{topics.setdefault(self._reply_topic(r), len(topics))},"outputs"]'
 
     @staticmethod
-    def _inputs(item: Any, topics: dict[str, int]) -> str:
+    def _inputs(item: Item, topics: dict[str, int]) -> str:
         """The input records of a request as JSON text: '[topic number,partition,offset],...'."""
         r = item.ready
-        if getattr(r, "offsets", None):
+        if r.offsets:
             return ",".join(f"[{topics.setdefault(t, len(topics))},{p},{o}]" for (t, p), o in r.offsets)
         if item.source:  # "topic:partition:offset", both numbers written by the worker's intake
             topic, partition, offset = item.source.rsplit(":", 2)
@@ -388,90 +384,33 @@ class StageCapture:
                  f'"batches":[{",".join(self._batches)}]}}').encode()
         assert self.lineage_topic is not None
         key, partition = self._pending_key
-        self.worker.outbox.add(self.lineage_topic, partition, key.encode(), value, [(H_NODE, self.node.id.encode())])
+        assert self._emit is not None
+        self._emit(self.lineage_topic, partition, key.encode(), value, [(H_NODE, self.node.id.encode())])
         self._batches, self._topics, self._pending_bytes = [], {}, 0
         self.lineage_records += 1
         return True
 
-    def side_reports(self) -> None:
-        """Queue the side reports the component finished since the last call (the worker calls it every step)."""
+    def after_step(self, *, force: bool) -> bool:
+        """Queue the side reports the component finished since the last step (a detector finishes them in
+        its own thread, so this runs also when no batch ran) and the gathered lineage when it is due."""
         if self.side_topic is not None:
             self._drain_reports()
+        if self.lineage_topic is None:
+            return True
+        return self.flush_lineage(force)
 
     def _drain_reports(self) -> None:
-        drain = getattr(self.component, "drain_reports", None)
-        if drain is None:
-            return
         partitions = self.topology.spec.partitions
-        for report in drain():
+        emit = self._emit
+        assert emit is not None
+        for report in self.component.drain_reports():
             key = str(report.get("key", self.node.id))
             body = {"topology": self.topology.name, "node": self.node.id, **report}
             value = json.dumps(body, separators=(",", ":"), default=_jsonable).encode()
             assert self.side_topic is not None
-            self.worker.outbox.add(self.side_topic, zlib.crc32(key.encode()) % partitions, key.encode(), value,
+            emit(self.side_topic, zlib.crc32(key.encode()) % partitions, key.encode(), value,
                                    [(H_NODE, self.node.id.encode())])
             self.reports += 1
-
-
-#: a gathered lineage record is written once it is this large, even between commits (a message must fit
-#: the broker's limit, 1 MB by default).
-LINEAGE_RECORD_BYTES = 256 * 1024
-
-#: how a side-branch worker process (e.g. a drift detector) yields to the critical path's processes.
-SIDE_NICE = 10
-SIDE_FETCH_WAIT_MS = 250
-SIDE_POLL_MS = 500
-SIDE_FETCH_MIN_BYTES = 64 * 1024
-
-
-def worker_process(topology: Topology, node_id: str, settings: WorkerSettings) -> WorkerSettings:
-    """Settings for a process that runs ``node_id`` alone (``flowserve worker``), after setting its OS priority.
-
-    The priority is the node's ``nice`` (an ``os.nice`` increment), by default 0 on the critical path and,
-    for a side branch (:meth:`Topology.on_critical_path` is False: none of its outputs reach the
-    topology's outputs), :data:`SIDE_NICE` and the ``SCHED_IDLE`` policy, so it runs only on CPU the
-    critical path's processes leave idle. A side branch that sets ``nice`` gets that nice, not SCHED_IDLE.
-    A side branch also gets one BLAS/OpenMP/torch/numba thread and fetches with a long broker wait
-    (until ``SIDE_FETCH_MIN_BYTES`` arrived or ``SIDE_FETCH_WAIT_MS`` passed): it wakes a few times a
-    second and takes large batches instead of waking once per record. Niceness is per process and
-    cannot be lowered back, so call this only where the node runs alone.
-    """
-    side = not topology.on_critical_path(node_id)
-    nice = topology.spec.nodes[node_id].nice if node_id in topology.spec.nodes else None
-    idle = side and nice is None
-    if nice is None:
-        nice = SIDE_NICE if side else 0
-    if nice or idle:
-        try:
-            _lower_priority(nice, idle)
-        except (OSError, AttributeError) as exc:  # not permitted, or not Linux
-            log.warning("node %s: cannot lower its priority: %s", node_id, exc)
-    if not side:
-        return settings
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ.setdefault(var, "1")
-    torch = sys.modules.get("torch")  # already imported with the topology's components: too late for the env
-    if torch is not None:
-        torch.set_num_threads(1)
-    return settings.model_copy(update={"fetch_max_wait_ms": max(settings.fetch_max_wait_ms or 0, SIDE_FETCH_WAIT_MS),
-                                       "poll_timeout_ms": max(settings.poll_timeout_ms, SIDE_POLL_MS),
-                                       "fetch_min_bytes": max(settings.fetch_min_bytes, SIDE_FETCH_MIN_BYTES)})
-
-
-def _lower_priority(nice: int, idle: bool) -> None:
-    """Nice every thread of this process by ``nice`` and, with ``idle``, put it under ``SCHED_IDLE``.
-
-    Both are per thread on Linux, so threads started before this call (imports may start some) are
-    changed one by one; later threads inherit. Under ``SCHED_IDLE`` a waking normal task preempts the
-    thread at once, where a merely niced one may keep its CPU until its time slice ends: that wait,
-    a few milliseconds per hop, is what a side branch added to the critical path's tail.
-    """
-    tids = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
-    for tid in tids:
-        if idle and hasattr(os, "SCHED_IDLE"):
-            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        if nice:
-            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
 
 
 def _jsonable(value: Any) -> Any:
@@ -482,3 +421,9 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def capture_hooks(topology: Topology, node: Node, component: Component) -> list[StageHooks]:
+    """The :data:`~flowserve.runtime.hooks.HookFactory` of capture: a :class:`StageCapture` for a node that
+    captures or files side reports, none for the others (they pay nothing)."""
+    if not node_policy(topology.spec, node.id).active and not component.side_output:
+        return []
+    return [StageCapture(topology, node, component)]

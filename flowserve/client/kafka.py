@@ -15,9 +15,9 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from flowserve.errors import WireError
-from flowserve.runtime.kafka import make_producer
-from flowserve.runtime.outbox import Outbox
-from flowserve.runtime.settings import KafkaSettings, WorkerSettings
+from flowserve.kafka.clients import make_producer
+from flowserve.kafka.outbox import Outbox
+from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.topology.graph import Topology
 from flowserve.wire.envelope import (
     H_DEADLINE,

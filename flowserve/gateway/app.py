@@ -13,14 +13,14 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from flowserve.errors import WireError
-from flowserve.gateway.bridge import DeadlineExceeded, KafkaBridge, Outcome, ProduceFailed
+from flowserve.errors import BrokerError, DeadlineExceeded, ErrorKind, WireError
+from flowserve.gateway.bridge import KafkaBridge, Outcome
 from flowserve.gateway.codec import HEADER_LENGTH, InferRequest, check_inputs, encode_response, parse_infer
 from flowserve.gateway.health import ReadinessProbe
 from flowserve.gateway.server import HttpServer, Request, Response, error_response, json_response
 from flowserve.gateway.settings import GatewaySettings
+from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.heap import settle
-from flowserve.runtime.settings import KafkaSettings
 from flowserve.topology.graph import Topology
 from flowserve.wire.envelope import H_REPLY_TO, make_headers, new_request_id, new_traceparent, now_ms
 from flowserve.wire.tensors import encode_tensors
@@ -32,20 +32,24 @@ _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
 _OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 
 
-def status_of(reason: str) -> int:
-    """The HTTP status for an error result coming back from the pipeline, judged by its reason.
+#: The HTTP status of each kind of failure: the one place where errors become statuses.
+STATUS: dict[ErrorKind, int] = {
+    ErrorKind.INVALID_INPUT: 400,      # the caller's input: it does not fit a port, or a component rejected it
+    ErrorKind.OVERSIZE: 413,
+    ErrorKind.REFUSED: 400,            # cannot finish before its deadline as asked
+    ErrorKind.DEADLINE: 504,
+    ErrorKind.JOIN_TIMEOUT: 504,
+    ErrorKind.COMPONENT_FAILURE: 500,
+    ErrorKind.REVISIT_LIMIT: 500,      # a topology fault, not the caller's
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.INVALID_TOPOLOGY: 500,
+    ErrorKind.UNKNOWN: 500,
+}
 
-    Deadlines and closed join windows are timeouts (504); a component that raised is a server error
-    (500); a revisit limit is a topology fault (500); the rest (a record that does not fit its port,
-    an item a component refused) is the caller's input (400); an oversized record is 413.
-    """
-    if "deadline exceeded" in reason or ("join window" in reason and "closed" in reason):
-        return 504
-    if ".process failed:" in reason or "revisited more than" in reason:
-        return 500
-    if "exceeds max_message_bytes" in reason:
-        return 413
-    return 400
+
+def status_of(kind: ErrorKind) -> int:
+    """The HTTP status for a failure of this kind (500 for a kind the table does not know)."""
+    return STATUS.get(kind, 500)
 
 
 class Gateway:
@@ -189,7 +193,7 @@ class Gateway:
         try:
             parsed = parse_infer(request.body, request.headers.get(HEADER_LENGTH))
         except WireError as exc:
-            return error_response(400, str(exc), echo)
+            return error_response(status_of(exc.kind), str(exc), echo, exc.kind)
         rid = parsed.id or header_id or new_request_id()
         echo = {"X-Request-Id": rid}
         try:
@@ -202,10 +206,11 @@ class Gateway:
                                 f"(outputs: {', '.join(outputs)})")
             value = encode_tensors(parsed.tensors)
         except WireError as exc:
-            return error_response(400, str(exc), echo)
+            return error_response(status_of(exc.kind), str(exc), echo, exc.kind)
         if len(value) > topology.spec.max_message_bytes:
-            return error_response(413, f"the request's tensors take {len(value)} bytes, more than model "
-                                       f"'{topology.name}' accepts ({topology.spec.max_message_bytes})", echo)
+            return error_response(status_of(ErrorKind.OVERSIZE), f"the request's tensors take {len(value)} bytes, "
+                                  f"more than model '{topology.name}' accepts ({topology.spec.max_message_bytes})",
+                                  echo, ErrorKind.OVERSIZE)
         if self.bridge.has(rid):
             return error_response(409, f"request id '{rid}' is already in flight; ids must be unique", echo)
         extra = {k: v for k, v in request.headers.items() if k.startswith("x-")}
@@ -218,14 +223,16 @@ class Gateway:
         future = self.bridge.submit(topology, rid, value, headers, timeout_ms / 1000)
         try:
             outcome: Outcome = await future
-        except DeadlineExceeded:
-            return error_response(504, f"request '{rid}' to model '{topology.name}' got no reply within its "
-                                       f"deadline of {timeout_ms} ms", echo)
-        except ProduceFailed as exc:
-            return error_response(503, str(exc), echo)
+        except DeadlineExceeded as exc:
+            return error_response(status_of(exc.kind), f"request '{rid}' to model '{topology.name}' got no reply "
+                                                       f"within its deadline of {timeout_ms} ms", echo, exc.kind)
+        except BrokerError as exc:
+            return error_response(status_of(exc.kind), str(exc), echo, exc.kind)
         if outcome.error is not None:
             where = f" at node '{outcome.node}'" if outcome.node else ""
-            return error_response(status_of(outcome.error), f"request '{rid}' failed{where}: {outcome.error}", echo)
+            kind = outcome.error.kind
+            return error_response(status_of(kind), f"request '{rid}' failed{where}: {outcome.error.reason}", echo,
+                                  kind)
         body, header_length = encode_response(topology.name, topology.version, rid, outcome.tensors, parsed)
         if header_length is None:
             return Response(200, body, headers=echo)

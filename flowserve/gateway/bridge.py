@@ -20,12 +20,13 @@ from typing import Any
 import numpy as np
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from flowserve.errors import BrokerError, WireError
-from flowserve.runtime.kafka import delete_topics, ensure_topics, make_producer
-from flowserve.runtime.outbox import Outbox
-from flowserve.runtime.settings import KafkaSettings, WorkerSettings
+from flowserve.errors import BrokerError, DeadlineExceeded, ErrorKind, Failure, WireError
+from flowserve.kafka.admin import delete_topics, ensure_topics
+from flowserve.kafka.clients import make_producer
+from flowserve.kafka.outbox import Outbox
+from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.topology.graph import Topology
-from flowserve.wire.envelope import H_ERROR, H_NODE, Headers
+from flowserve.wire.envelope import H_NODE, Headers, failure_of
 from flowserve.wire.tensors import decode_tensors
 
 log = logging.getLogger("flowserve.gateway")
@@ -33,19 +34,11 @@ log = logging.getLogger("flowserve.gateway")
 
 @dataclass(slots=True)
 class Outcome:
-    """What came back for a request: its output tensors, or the error result's reason and node."""
+    """What came back for a request: its output tensors, or the error result's failure and node."""
 
     tensors: dict[str, np.ndarray]
-    error: str | None = None
+    error: Failure | None = None
     node: str | None = None
-
-
-class DeadlineExceeded(Exception):  # noqa: N818 - the name is what it says
-    """The request's deadline passed before its reply arrived."""
-
-
-class ProduceFailed(Exception):  # noqa: N818
-    """The broker did not accept the request."""
 
 
 @dataclass
@@ -132,7 +125,7 @@ class KafkaBridge:
         for rid, waiter in list(self._waiters.items()):
             waiter.timer.cancel()
             if not waiter.future.done():
-                waiter.future.set_exception(ProduceFailed("the gateway is shutting down"))
+                waiter.future.set_exception(BrokerError("the gateway is shutting down"))
             self._waiters.pop(rid, None)
         if self._consumer is not None:
             await self._consumer.stop()
@@ -174,7 +167,7 @@ class KafkaBridge:
         self.counters.timeouts += 1
         self._remember(request_id, "expired")
         if not waiter.future.done():
-            waiter.future.set_exception(DeadlineExceeded())
+            waiter.future.set_exception(DeadlineExceeded(f"request '{request_id}' got no reply within its deadline"))
 
     def _remember(self, request_id: str, how: str) -> None:
         self._finished[request_id] = how
@@ -219,7 +212,7 @@ class KafkaBridge:
             if waiter is not None:
                 waiter.timer.cancel()
                 if not waiter.future.done():
-                    waiter.future.set_exception(ProduceFailed(f"Kafka did not accept the request: {exc!r}"))
+                    waiter.future.set_exception(BrokerError(f"Kafka did not accept the request: {exc!r}"))
 
     # -- replies -----------------------------------------------------------------------------------
 
@@ -247,16 +240,16 @@ class KafkaBridge:
         self._remember(rid, "answered")
         self.counters.replies += 1
         headers = dict(rec.headers or ())
-        error = headers.get(H_ERROR)
-        if error is not None:
+        failure = failure_of(headers)
+        if failure is not None:
             self.counters.errors += 1
             node = headers.get(H_NODE)
-            outcome = Outcome({}, error.decode("utf-8", "replace"), node.decode("utf-8", "replace") if node else None)
+            outcome = Outcome({}, failure, node.decode("utf-8", "replace") if node else None)
         else:
             try:
                 outcome = Outcome(decode_tensors(rec.value or b""))
             except WireError as exc:
                 self.counters.undecodable += 1
-                outcome = Outcome({}, f"the reply could not be decoded: {exc}", None)
+                outcome = Outcome({}, Failure(ErrorKind.UNKNOWN, f"the reply could not be decoded: {exc}"), None)
         if not waiter.future.done():
             waiter.future.set_result(outcome)

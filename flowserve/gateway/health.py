@@ -28,7 +28,7 @@ from aiokafka.protocol.admin import (
 )
 from aiokafka.protocol.api import Request, RequestStruct
 
-from flowserve.runtime.settings import KafkaSettings
+from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology.graph import Topology
 
 log = logging.getLogger("flowserve.gateway")

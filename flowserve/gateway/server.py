@@ -45,8 +45,10 @@ def json_response(status: int, obj: object, headers: dict[str, str] | None = Non
     return Response(status, json.dumps(obj, separators=(",", ":")).encode(), headers=headers or {})
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    return json_response(status, {"error": message}, headers)
+def error_response(status: int, message: str, headers: dict[str, str] | None = None,
+                   kind: str | None = None) -> Response:
+    """``{"error": message}``, with the failure's machine-readable ``kind`` when there is one."""
+    return json_response(status, {"error": message, "kind": kind} if kind else {"error": message}, headers)
 
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from flowserve.component import Component
+from flowserve.errors import ErrorKind, Failure
+from flowserve.kafka.outbox import Outbox
 from flowserve.runtime.join import Ready
-from flowserve.runtime.outbox import Outbox
 from flowserve.topology.graph import Node, Topology
-from flowserve.wire.envelope import H_ERROR, H_FORMAT, H_NODE, H_REPLY_TO, H_VISITS, inherit
+from flowserve.wire.envelope import H_FORMAT, H_REPLY_TO, H_VISITS, error_headers, inherit
 from flowserve.wire.tensors import encode_split, encode_tensors
 from flowserve.wire.v2 import make_response
 
@@ -42,6 +43,7 @@ class Counters:
     refused: int = 0
     #: processed here but finished after their deadline.
     late: int = 0
+    #: dead letters per error kind (``flowserve.errors.ErrorKind``)
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
 
     def snapshot(self) -> dict[str, Any]:
@@ -49,7 +51,7 @@ class Counters:
 
 
 @dataclass(slots=True)
-class _Item:
+class Item:
     """A request ready for ``process`` plus what is needed to dead-letter it."""
 
     ready: Ready
@@ -72,7 +74,7 @@ class Emitter:
     _replies_prefix: str
     _outputs_topic: str
 
-    async def _emit(self, group: list[_Item], sizes: list[int], outputs: dict[str, np.ndarray],
+    async def _emit(self, group: list[Item], sizes: list[int], outputs: dict[str, np.ndarray],
                     mask: dict[str, np.ndarray], errors: dict[int, str]) -> None:
         node = self.node
         # Batch-native encoding: when every request has the same row count and nothing is masked or failed,
@@ -95,7 +97,8 @@ class Emitter:
             r = item.ready
             bad = next((errors[i] for i in range(start, stop) if i in errors), None) if errors else None
             if bad is not None:
-                await self._dead_letter_item(item, f"{type(self.component).__name__}: {bad}")
+                await self._dead_letter_item(item, Failure(ErrorKind.INVALID_INPUT,
+                                                           f"{type(self.component).__name__}: {bad}"))
                 start = stop
                 continue
             emitted: dict[str, np.ndarray] = {}
@@ -153,30 +156,29 @@ class Emitter:
 
     # -- failures ----------------------------------------------------------------------------------
 
-    async def _emit_error(self, r: Ready, reason: str, *, count: bool = True) -> None:
+    async def _emit_error(self, r: Ready, failure: Failure, *, count: bool = True) -> None:
         """Send an error result downstream (every output port, and the outputs topic) so callers learn."""
         if count:
             self.counters.error_results += 1
-        headers = inherit(r.headers, **{H_ERROR: reason.encode()[:4096], H_NODE: self.node.id.encode(),
-                                        **self._visit_header(r.headers)})
+        headers = inherit(r.headers, **error_headers(failure, self.node.id), **self._visit_header(r.headers))
         key = r.request_id.encode()
         for topic in self.node.output_topics.values():
             self.outbox.add(topic, r.partition, key, _EMPTY, headers)
         if self.node.emits_outputs:
             value = _EMPTY
             if r.headers.get(H_FORMAT) == b"json":
-                value = json.dumps({"id": r.request_id, "error": reason}).encode()
+                value = json.dumps({"id": r.request_id, "error": failure.reason, "kind": failure.kind}).encode()
             self.outbox.add(self._reply_topic(r), r.partition, key, value, headers)
 
     async def _dead_letter(self, key: bytes | None, value: bytes | None, raw_headers: Any, partition: int,
-                           source: str, reason: str) -> None:
+                           source: str, failure: Failure) -> None:
         self.counters.dead_lettered += 1
-        kind = reason.split(":")[0][:60]
+        kind = failure.kind.value
         self.counters.dead_letter_reasons[kind] = self.counters.dead_letter_reasons.get(kind, 0) + 1
-        log.warning("node %s dead-lettered %s: %s", self.node.id, source, reason)
+        log.warning("node %s dead-lettered %s (%s): %s", self.node.id, source, kind, failure.reason)
         headers = {k: v for k, v in raw_headers or ()}
         body = value or b""
-        extra = {H_ERROR: reason.encode()[:4096], H_NODE: self.node.id.encode(), "fs-source": source.encode()}
+        extra = {**error_headers(failure, self.node.id), "fs-source": source.encode()}
         if len(body) > self.max_bytes:
             extra["fs-truncated"] = str(len(body)).encode()
             body = body[: self.max_bytes // 2]
@@ -184,13 +186,13 @@ class Emitter:
                               body, inherit(headers, **extra))
         request_id = key.decode("utf-8", "replace") if key else headers.get("fs-id", b"").decode("utf-8", "replace")
         if request_id:
-            await self._emit_error(Ready(request_id, {}, headers, partition), reason, count=False)
+            await self._emit_error(Ready(request_id, {}, headers, partition), failure, count=False)
 
-    async def _dead_letter_item(self, item: _Item, reason: str) -> None:
+    async def _dead_letter_item(self, item: Item, failure: Failure) -> None:
         r = item.ready
         value = item.raw if item.raw is not None else encode_tensors(r.tensors)
         await self._dead_letter(r.request_id.encode(), value, list(r.headers.items()), r.partition,
-                                item.source or f"join:{self.node.id}", reason)
+                                item.source or f"join:{self.node.id}", failure)
 
 
 

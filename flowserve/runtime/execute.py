@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from flowserve.component import Batch, Component, Result
-from flowserve.runtime.batching import device_lock
+from flowserve.runtime.devices import device_lock
 
 
 class Executor:
@@ -33,10 +33,10 @@ class Executor:
     async def run(self, batch: Batch) -> tuple[Mapping[str, np.ndarray] | Result, float]:
         """The component's result and its execution time (measured where it ran, not the handoff)."""
         process = self.component.process
-        lock = device_lock(str(getattr(self.component, "device", "cpu")))
+        lock = device_lock(self.component.device)
         if lock is not None:  # one batch in flight per GPU
             return await asyncio.to_thread(_timed, lock, process, batch)
-        if getattr(self.component, "offload", False) and (self.ewma is None or self.ewma >= self.inline_below_s):
+        if self.component.offload and (self.ewma is None or self.ewma >= self.inline_below_s):
             return await asyncio.to_thread(_timed, None, process, batch)
         return _timed(None, process, batch)
 

@@ -24,7 +24,8 @@ import tempfile
 import uuid
 from typing import Any
 
-from flowserve.runtime.settings import KafkaSettings, WorkerSettings
+from flowserve.kafka.settings import KafkaSettings, WorkerSettings
+from flowserve.runtime.hooks import HookFactory, no_hooks
 from flowserve.runtime.worker import StageWorker
 from flowserve.topology.graph import Topology
 from flowserve.wire.envelope import now_ms
@@ -34,11 +35,8 @@ log = logging.getLogger("flowserve.faust")
 COMMANDS = ("pause", "resume", "stats", "stop")
 
 
-def control_topic(topology: Topology) -> str:
-    return f"{topology.base}.control"
-
-
-def make_app(topology: Topology, node_id: str, kafka: KafkaSettings, settings: WorkerSettings) -> Any:
+def make_app(topology: Topology, node_id: str, kafka: KafkaSettings, settings: WorkerSettings,
+             hooks: HookFactory = no_hooks) -> Any:
     """A faust app that runs ``node_id`` of ``topology`` and obeys the control topic."""
     import faust
     from mode import Service
@@ -61,7 +59,7 @@ def make_app(topology: Topology, node_id: str, kafka: KafkaSettings, settings: W
         # means a command sent while the group was still forming is not lost, and old ones do not replay.
         consumer_auto_offset_reset="earliest",
     )
-    control = app.topic(control_topic(topology), value_serializer="json", partitions=1)
+    control = app.topic(topology.control_topic, value_serializer="json", partitions=1)
     # aiokafka clients must be made inside the running loop, so the worker is built on start.
     holder: dict[str, StageWorker] = {}
     started_ms = now_ms()
@@ -72,7 +70,7 @@ def make_app(topology: Topology, node_id: str, kafka: KafkaSettings, settings: W
         _task: asyncio.Task[None] | None = None
 
         async def on_start(self) -> None:
-            worker = holder["worker"] = StageWorker(topology, node_id, kafka, settings)
+            worker = holder["worker"] = StageWorker(topology, node_id, kafka, settings, hooks=hooks)
             await worker.start()
             self._task = asyncio.create_task(worker.run(), name=f"stage-{node_id}")
 
@@ -117,11 +115,11 @@ def handle_command(worker: StageWorker, command: Any, app: Any = None, *, since_
 
 
 def run_worker(topology: Topology, node_id: str, kafka: KafkaSettings, settings: WorkerSettings,
-               *, loglevel: str = "warn") -> None:
+               *, hooks: HookFactory = no_hooks, loglevel: str = "warn") -> None:
     """Run one node under faust until a signal or a ``stop`` command."""
     from mode import Worker
 
-    app = make_app(topology, node_id, kafka, settings)
+    app = make_app(topology, node_id, kafka, settings, hooks)
     app.finalize()
     # Worker owns signals and the event loop; quiet by default so a worker's log is its own messages.
     Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()
@@ -131,15 +129,15 @@ async def send_command(topology: Topology, kafka: KafkaSettings, command: str, *
     """Publish a control command; every faust-hosted worker of the topology receives it."""
     from aiokafka import AIOKafkaProducer
 
-    from flowserve.runtime.kafka import ensure_topics
+    from flowserve.kafka.admin import ensure_topics
 
     if command not in COMMANDS:
         raise ValueError(f"unknown command {command!r}; use one of {', '.join(COMMANDS)}")
-    await ensure_topics(kafka, [control_topic(topology)], 1)
+    await ensure_topics(kafka, [topology.control_topic], 1)
     producer = AIOKafkaProducer(**kafka.client_kwargs())
     await producer.start()
     try:
         body = {"command": command, "ts": now_ms(), **({"node": node} if node else {})}
-        await producer.send_and_wait(control_topic(topology), json.dumps(body).encode())
+        await producer.send_and_wait(topology.control_topic, json.dumps(body).encode())
     finally:
         await producer.stop()

@@ -17,24 +17,23 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flowserve.runtime.kafka import ensure_topics
-from flowserve.runtime.policy import BatchPolicy
-from flowserve.runtime.settings import KafkaSettings, WorkerSettings
+from flowserve.kafka.admin import ensure_topics
+from flowserve.kafka.settings import KafkaSettings, WorkerSettings
+from flowserve.runtime.batching import BatchPolicy
+from flowserve.runtime.hooks import HookFactory, no_hooks
 from flowserve.runtime.worker import StageWorker
+from flowserve.topology.capture import topic_configs
 from flowserve.topology.graph import Topology
 
 log = logging.getLogger("flowserve.host")
 
 
 async def create_topology_topics(topology: Topology, kafka: KafkaSettings) -> list[str]:
-    from flowserve.capture.policy import topic_configs
-    from flowserve.runtime.faust_host import control_topic
-
     created = await ensure_topics(kafka, topology.topics(), topology.spec.partitions,
                                   max_message_bytes=topology.spec.max_message_bytes,
                                   configs=topic_configs(topology))
     # faust-hosted workers subscribe to the control topic at start and ignore it while it is missing.
-    return created + await ensure_topics(kafka, [control_topic(topology)], 1)
+    return created + await ensure_topics(kafka, [topology.control_topic], 1)
 
 
 @dataclass
@@ -45,6 +44,8 @@ class InlineHost:
     kafka: KafkaSettings
     settings: WorkerSettings = field(default_factory=WorkerSettings)
     policies: dict[str, BatchPolicy] = field(default_factory=dict)
+    #: the features attached to every worker (e.g. ``flowserve.capture.capture_hooks``)
+    hooks: HookFactory = no_hooks
     workers: list[StageWorker] = field(default_factory=list)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -53,7 +54,7 @@ class InlineHost:
         for node_id, node in self.topology.nodes.items():
             for _ in range(node.replicas):
                 self.workers.append(StageWorker(self.topology, node_id, self.kafka, self.settings,
-                                                policy=self.policies.get(node_id)))
+                                                policy=self.policies.get(node_id), hooks=self.hooks))
         await asyncio.gather(*(w.start() for w in self.workers))
         self._tasks = [asyncio.create_task(w.run(), name=f"worker-{w.node.id}") for w in self.workers]
         for task in self._tasks:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from flowserve.errors import ErrorKind, Failure
 from flowserve.topology.graph import Node
 from flowserve.wire.envelope import Envelope
 
@@ -30,7 +31,7 @@ class Ready:
     tensors: dict[str, np.ndarray]
     headers: dict[str, bytes]
     partition: int
-    error: str | None = None
+    error: Failure | None = None
     #: the records the join assembled this request from: ((topic, partition), offset), for lineage.
     offsets: list[tuple[TP, int]] = field(default_factory=list)
 
@@ -76,7 +77,7 @@ class JoinBuffer:
         return hits > 0 if any_one else hits == len(self._trigger_topics)
 
     def _finish(self, request_id: str, p: _Pending, tensors: dict[str, np.ndarray] | None,
-                error: str | None) -> Ready:
+                error: Failure | None) -> Ready:
         del self._pending[request_id]
         self._done[request_id] = None
         if len(self._done) > self._remember:
@@ -131,11 +132,11 @@ class JoinBuffer:
                 out.append(self._finish(rid, p, tensors, None))
                 continue
             missing = [t for t in self.node.input_topics if t not in p.arrived]
-            out.append(self._finish(
-                rid, p, None,
+            out.append(self._finish(rid, p, None, Failure(
+                ErrorKind.JOIN_TIMEOUT,
                 f"node '{self.node.id}': {self.kind} join window of {self.window_ms} ms closed "
                 f"without input from {', '.join(missing)}",
-            ))
+            )))
         return out
 
     def oldest_offsets(self) -> dict[TP, int]:

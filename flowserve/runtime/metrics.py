@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from flowserve.runtime.settings import KafkaSettings
+    from flowserve.kafka.settings import KafkaSettings
     from flowserve.topology.graph import Topology
 
 SIZE_BOUNDS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]

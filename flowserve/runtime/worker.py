@@ -21,21 +21,21 @@ import numpy as np
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
-from flowserve.capture.stage import StageCapture
 from flowserve.component import Batch, Component, read_result
-from flowserve.errors import FlowserveError, WireError
-from flowserve.runtime.batching import ExecProfile, describe, load_node_profiles, make_policy
+from flowserve.errors import ErrorKind, Failure, FlowserveError, WireError
+from flowserve.kafka.clients import make_consumer, make_producer
+from flowserve.kafka.outbox import Outbox
+from flowserve.kafka.settings import KafkaSettings, WorkerSettings
+from flowserve.runtime.batching import BatchPolicy, describe, make_policy
 from flowserve.runtime.commits import Commits
-from flowserve.runtime.emit import Counters, Emitter, _Item, _visits
+from flowserve.runtime.emit import Counters, Emitter, Item, _visits
 from flowserve.runtime.execute import Executor
 from flowserve.runtime.fastpath import decode_column
 from flowserve.runtime.heap import settle
+from flowserve.runtime.hooks import BatchOutcome, HookFactory, StageContext, no_hooks
 from flowserve.runtime.join import TP, JoinBuffer, Ready
-from flowserve.runtime.kafka import make_consumer, make_producer
 from flowserve.runtime.metrics import NodeMetrics
-from flowserve.runtime.outbox import Outbox
-from flowserve.runtime.policy import BatchPolicy, plan_with
-from flowserve.runtime.settings import KafkaSettings, WorkerSettings
+from flowserve.runtime.profiles import ExecProfile, load_node_profiles
 from flowserve.topology.graph import Node, Topology
 from flowserve.wire.envelope import (
     H_DEADLINE,
@@ -80,6 +80,7 @@ class StageWorker(Emitter):
         settings: WorkerSettings | None = None,
         policy: BatchPolicy | None = None,
         component: Component | None = None,
+        hooks: HookFactory = no_hooks,
     ) -> None:
         self.topology = topology
         self.node: Node = topology.nodes[node_id]
@@ -94,7 +95,7 @@ class StageWorker(Emitter):
                 log.warning("node %s: ignoring the topology's profile: %s", node_id, exc)
         self.policy: BatchPolicy = policy or make_policy(topology, node_id, profiles.get(node_id), profiles)
         #: execution time per batch size, seeded from the profile file and kept live by every batch.
-        self.profile: ExecProfile = getattr(self.policy, "profile", None) or profiles.get(node_id) or ExecProfile()
+        self.profile: ExecProfile = self.policy.profile or profiles.get(node_id) or ExecProfile()
         self.metrics: NodeMetrics | None = None
         self._last_lag = 0
         self.executor = Executor(self.component, self.settings.inline_below_ms / 1000)
@@ -114,6 +115,7 @@ class StageWorker(Emitter):
             ((port, sources),) = self.node.bindings.items()
             if len(sources) == 1:
                 self._columnar = (port, sources[0].tensor)
+        self._expired = Failure(ErrorKind.DEADLINE, f"deadline exceeded before node '{node_id}'")
         self._step_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._started = False
@@ -127,7 +129,8 @@ class StageWorker(Emitter):
                                       client_id=f"fs-{node_id}")
         self.outbox = Outbox(self.producer)
         self.commits = Commits(self.consumer, self.settings.commit_interval_ms, node_id, self.counters)
-        self.capture = StageCapture.attach(self)  # None unless the node captures or reports (flowserve.capture)
+        #: features attached to this node's batches (capture, ...): see flowserve.runtime.hooks
+        self.hooks = tuple(hooks(topology, self.node, self.component))
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -138,8 +141,9 @@ class StageWorker(Emitter):
         settle()
         self.metrics = NodeMetrics(self.topology.name, self.node.id, counters=self.counters.snapshot,
                                    lag=lambda: self._last_lag)
-        if self.capture is not None:
-            self.capture.start()
+        stage = StageContext(self.topology, self.node, self.component, self.outbox.add, self._reply_topic)
+        for hook in self.hooks:
+            hook.start(stage)
         await self.producer.start()
         await self.consumer.start()
         self.consumer.subscribe(list(self.node.input_topics), listener=_Rebalance(self))
@@ -191,8 +195,8 @@ class StageWorker(Emitter):
         if self.metrics is not None:
             self.metrics.close()
         self.component.close()
-        if self.capture is not None:
-            self.capture.close()
+        for hook in self.hooks:
+            hook.close()
         log.info("node %s stopped: %s", self.node.id, json.dumps(self.counters.snapshot()))
 
     # -- metrics -------------------------------------------------------------------------------------
@@ -237,7 +241,7 @@ class StageWorker(Emitter):
         size = self.policy.next_size(self._last_lag)
         try:
             fetched = await self.consumer.getmany(timeout_ms=timeout, max_records=size)
-            wait_ms = getattr(self.policy, "max_wait_ms", 0.0)
+            wait_ms = self.policy.max_wait_ms
             if wait_ms and fetched:
                 fetched = await self._fill(dict(fetched), size, wait_ms)
         except IllegalStateError:  # not subscribed yet / shutting down
@@ -260,7 +264,7 @@ class StageWorker(Emitter):
 
     async def _handle(self, fetched: Mapping[TopicPartition, list[Any]]) -> None:
         now = now_ms()
-        items: list[_Item] = []
+        items: list[Item] = []
         handled: dict[TP, int] = {}
         for tp, records in fetched.items():
             if records:
@@ -283,14 +287,10 @@ class StageWorker(Emitter):
         if waits and self.metrics is not None:
             self.metrics.queue_wait(waits)
         if self.join is not None:
-            items.extend(_Item(r) for r in self.join.expire(now))
+            items.extend(Item(r) for r in self.join.expire(now))
         if items:
             await self._process(items, now)
-        if self.capture is not None and self.capture.side_topic is not None:
-            self.capture.side_reports()  # side reports finished off the loop (a detector's thread), even when idle
-        clean = True  # no lineage of this batch or before it left ungathered: it may commit
-        if self.capture is not None and self.capture.lineage_topic is not None:
-            clean = self.capture.flush_lineage(force=not fetched or self.commits.due())
+        clean = self._after_step(force=not fetched or self.commits.due())  # False: a hook holds records back
         sent, futures = await self.outbox.send() if self.outbox.count else (0, [])
         self.counters.records_out += sent
         if self._early:
@@ -313,10 +313,9 @@ class StageWorker(Emitter):
         """Wait for the batch in flight to be acknowledged and commit everything acknowledged."""
         previous, self._inflight = self._inflight, None
         flushed: list[Any] = []
-        if self.capture is not None and self.capture.lineage_topic is not None:
-            self.capture.flush_lineage(force=True)
-            if self.outbox.count:
-                flushed = (await self.outbox.send())[1]
+        self._after_step(force=True)
+        if self.outbox.count:
+            flushed = (await self.outbox.send())[1]
         if previous is not None:
             futures, offsets, _ = previous
             await self._settle([*futures, *flushed], offsets, force=True)
@@ -330,8 +329,8 @@ class StageWorker(Emitter):
         """Wait for a batch's acknowledgements; its offsets become committable only then.
 
         Under load, commits wait for ``Commits.due``; ``force`` (idle, rebalance, shutdown) commits at once.
-        Not ``clean``: lineage of this batch is still being gathered (``StageCapture.flush_lineage``), so
-        nothing commits until a later batch carries it.
+        Not ``clean``: a hook still holds records of this batch back (e.g. lineage being gathered), so
+        nothing commits until a later batch carries them.
         """
         if futures:
             await asyncio.gather(*futures)
@@ -339,11 +338,18 @@ class StageWorker(Emitter):
         if self.commits.pending and (force or (clean and self.commits.due())):
             await self.commits.commit()
 
+    def _after_step(self, *, force: bool) -> bool:
+        """Every hook's end of step (each is called); True when none holds records of past batches back."""
+        clean = True
+        for hook in self.hooks:
+            clean = hook.after_step(force=force) and clean
+        return clean
+
     def _offsets(self, handled: dict[TP, int]) -> dict[TopicPartition, int]:
         oldest = self.join.oldest_offsets() if self.join is not None else {}
         return {TopicPartition(t, p): min(off, oldest.get((t, p), off)) for (t, p), off in handled.items()}
 
-    def _intake_columnar(self, records: list[Any], items: list[_Item]) -> bool:
+    def _intake_columnar(self, records: list[Any], items: list[Item]) -> bool:
         """Decode a whole fetch at once when every record shares one frame layout (the common case).
 
         Returns False, having added nothing, whenever anything is unusual (an error result, a missing key,
@@ -370,20 +376,20 @@ class StageWorker(Emitter):
             rid = rec.key.decode("utf-8", "replace")
             hdrs.setdefault(H_ID, rec.key)
             ready = Ready(rid, {port: stacked[i * rows : (i + 1) * rows]}, hdrs, rec.partition)
-            items.append(_Item(ready, rec.value, f"{rec.topic}:{rec.partition}:{rec.offset}", signature))
+            items.append(Item(ready, rec.value, f"{rec.topic}:{rec.partition}:{rec.offset}", signature))
         return True
 
-    async def _intake(self, rec: Any, tp: TP, now: int, items: list[_Item]) -> None:
+    async def _intake(self, rec: Any, tp: TP, now: int, items: list[Item]) -> None:
         source = f"{rec.topic}:{rec.partition}:{rec.offset}"
         value = rec.value
         if value is not None and len(value) > self.max_bytes:
-            await self._dead_letter(rec.key, value, rec.headers, tp[1], source,
-                                    f"record of {len(value)} bytes exceeds max_message_bytes {self.max_bytes}")
+            await self._dead_letter(rec.key, value, rec.headers, tp[1], source, Failure(
+                ErrorKind.OVERSIZE, f"record of {len(value)} bytes exceeds max_message_bytes {self.max_bytes}"))
             return
         try:
             env = decode_record(rec.key, value, rec.headers, accept_json=rec.topic == self._inputs_topic)
         except WireError as exc:
-            await self._dead_letter(rec.key, value, rec.headers, tp[1], source, str(exc))
+            await self._dead_letter(rec.key, value, rec.headers, tp[1], source, Failure(exc.kind, str(exc)))
             return
         join_key = None
         if self._cycles:
@@ -392,32 +398,32 @@ class StageWorker(Emitter):
                 # An error result that has gone round as often as a request may is dropped, not re-sent:
                 # that is what ends a cycle's error path.
                 if env.error is None:
-                    await self._emit_error(Ready(env.request_id, {}, env.headers, tp[1]),
-                                           f"node '{self.node.id}' revisited more than "
-                                           f"{self.topology.spec.max_revisits} times")
+                    await self._emit_error(Ready(env.request_id, {}, env.headers, tp[1]), Failure(
+                        ErrorKind.REVISIT_LIMIT,
+                        f"node '{self.node.id}' revisited more than {self.topology.spec.max_revisits} times"))
                 return
             join_key = f"{env.request_id}#{seen}"
         if self.join is not None:
             ready = self.join.add(env, rec.topic, tp, rec.offset, now, key=join_key)
             if ready is not None:
-                items.append(_Item(ready))
+                items.append(Item(ready))
             return
         if env.error is not None:
-            items.append(_Item(Ready(env.request_id, {}, env.headers, tp[1], env.error)))
+            items.append(Item(Ready(env.request_id, {}, env.headers, tp[1], env.error)))
             return
         tensors: dict[str, np.ndarray] = {}
         for port, sources in self.node.bindings.items():
             array = env.tensors.get(sources[0].tensor)
             if array is None:
-                await self._dead_letter(rec.key, value, rec.headers, tp[1], source,
-                                        f"record has no tensor '{sources[0].tensor}' for input port '{port}' "
-                                        f"(it has: {', '.join(env.tensors) or 'none'})")
+                await self._dead_letter(rec.key, value, rec.headers, tp[1], source, Failure(
+                    ErrorKind.INVALID_INPUT, f"record has no tensor '{sources[0].tensor}' for input port '{port}' "
+                                             f"(it has: {', '.join(env.tensors) or 'none'})"))
                 return
             tensors[port] = array
-        items.append(_Item(Ready(env.request_id, tensors, env.headers, tp[1]), value, source))
+        items.append(Item(Ready(env.request_id, tensors, env.headers, tp[1]), value, source))
 
-    async def _process(self, items: list[_Item], now: int) -> None:
-        groups: dict[tuple, list[_Item]] = {}
+    async def _process(self, items: list[Item], now: int) -> None:
+        groups: dict[tuple, list[Item]] = {}
         ports = self.component.inputs
         for item in items:
             r = item.ready
@@ -427,7 +433,7 @@ class StageWorker(Emitter):
             deadline = deadline_of(r.headers.get(H_DEADLINE))
             if deadline is not None and deadline < now:
                 self.counters.expired += 1
-                await self._emit_error(r, f"deadline exceeded before node '{self.node.id}'")
+                await self._emit_error(r, self._expired)
                 continue
             if item.signature is not None:  # checked as a whole batch on intake
                 groups.setdefault(item.signature, []).append(item)
@@ -441,21 +447,21 @@ class StageWorker(Emitter):
                     elif array.shape[0] != rows:
                         raise WireError(f"input ports disagree on the number of rows ({rows} vs {array.shape[0]})")
             except WireError as exc:
-                await self._dead_letter_item(item, str(exc))
+                await self._dead_letter_item(item, Failure(exc.kind, str(exc)))
                 continue
             signature = tuple((p, a.dtype.str, a.shape[1:]) for p, a in r.tensors.items())
             groups.setdefault(signature, []).append(item)
         for group in groups.values():
             await self._work_off(group)
 
-    async def _work_off(self, queue: list[_Item]) -> None:
+    async def _work_off(self, queue: list[Item]) -> None:
         """Run a FIFO queue batch by batch as the policy plans it, re-planning with the real clock after
         each batch. Requests the policy says cannot make their deadline are refused at once (error result).
 
         Each plan sees only the head of the queue (the policy's ``window``), so working off a queue of n
         costs O(n * window / batch) in Python, not O(n^2)."""
         deadlines: list[float | None] = [deadline_of(it.ready.headers.get(H_DEADLINE)) for it in queue]
-        window = int(getattr(self.policy, "window", 0) or 4 * self.node.max_batch)
+        window = self.policy.window or 4 * self.node.max_batch
         pos, first = 0, True
         while pos < len(queue):
             now = now_ms()
@@ -467,16 +473,17 @@ class StageWorker(Emitter):
                     if d is not None and d < now:
                         self.counters.expired += 1
                         drop[i] = ""
-                        await self._emit_error(queue[i].ready, f"deadline exceeded before node '{self.node.id}'")
+                        await self._emit_error(queue[i].ready, self._expired)
             first = False
             plan = None
             if len(drop) < end - pos:
                 live = [i for i in range(pos, end) if i not in drop] if drop else list(range(pos, end))
-                plan = plan_with(self.policy, [deadlines[i] for i in live], now)
+                plan = self.policy.plan([deadlines[i] for i in live], now)
                 for k, why in sorted(plan.refuse.items()):
                     self.counters.refused += 1
                     drop[live[k]] = why
-                    await self._emit_error(queue[live[k]].ready, f"refused by node '{self.node.id}': {why}")
+                    await self._emit_error(queue[live[k]].ready,
+                                           Failure(ErrorKind.REFUSED, f"refused by node '{self.node.id}': {why}"))
             if drop:  # close the gaps inside the window (a C-level slice move, not per-record Python)
                 kept = [i for i in range(pos, end) if i not in drop]
                 queue[pos:end] = [queue[i] for i in kept]
@@ -500,7 +507,7 @@ class StageWorker(Emitter):
         if self.metrics is not None:
             self.metrics.batch(size, seconds)
 
-    async def _run_batch(self, group: list[_Item]) -> None:
+    async def _run_batch(self, group: list[Item]) -> None:
         tensors: dict[str, np.ndarray] = {}
         first = group[0].ready.tensors
         for port in first:
@@ -509,8 +516,8 @@ class StageWorker(Emitter):
             else:
                 tensors[port] = np.concatenate([it.ready.tensors[port] for it in group])
         sizes = [next(iter(it.ready.tensors.values())).shape[0] if it.ready.tensors else 1 for it in group]
-        batch = Batch(tensors, sizes, [it.ready.request_id for it in group])
-        tap = self.capture.begin(group) if self.capture is not None else None
+        batch = Batch(tensors, sizes, [it.ready.request_id for it in group], [it.ready.headers for it in group])
+        tokens = [hook.begin(group) for hook in self.hooks] if self.hooks else None
         self.counters.batches += 1
         self.counters.last_batch = len(group)
         try:
@@ -518,7 +525,8 @@ class StageWorker(Emitter):
             outputs, mask, errors = read_result(self.component, result, batch.rows, node=self.node.id)
         except Exception as exc:  # noqa: BLE001 - a component bug must not kill the worker
             if len(group) == 1:
-                await self._dead_letter_item(group[0], f"{type(self.component).__name__}.process failed: {exc!r}")
+                await self._dead_letter_item(group[0], Failure(
+                    ErrorKind.COMPONENT_FAILURE, f"{type(self.component).__name__}.process failed: {exc!r}"))
                 return
             # Isolate the request that broke the batch: retry each one alone.
             for item in group:
@@ -531,8 +539,10 @@ class StageWorker(Emitter):
             deadline = deadline_of(item.ready.headers.get(H_DEADLINE))
             if deadline is not None and deadline < done:
                 self.counters.late += 1
-        if self.capture is not None and tap is not None:
-            self.capture.end(tap, sizes, outputs, mask, errors)
+        if tokens is not None:
+            outcome = BatchOutcome(sizes, outputs, mask, errors)
+            for hook, token in zip(self.hooks, tokens, strict=True):
+                hook.end(token, outcome)
 
 def _timestamp(rec: Any) -> int:
     return rec.timestamp or 0

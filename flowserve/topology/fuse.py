@@ -79,15 +79,11 @@ class Chain(Component):
             c.setup()
         # The chain runs where its device-bound member runs (one batch in flight per GPU).
         self.device = next((c.device for _, c in self.steps if c.device != "cpu"), "cpu")
+        self.weights_hash = ",".join(c.weights_hash for _, c in self.steps if c.weights_hash) or None
 
     def close(self) -> None:
         for _, c in reversed(self.steps):
             c.close()
-
-    @property
-    def weights_hash(self) -> str | None:
-        hashes = [h for _, c in self.steps if (h := getattr(c, "weights_hash", None))]
-        return ",".join(hashes) or None
 
     def describe(self) -> str:
         inner = "; ".join(f"{s.id}={c.describe()}" for s, c in self.steps)
@@ -134,7 +130,7 @@ class Chain(Component):
         if not errs and all(src in outputs and src not in mask for src in step.wiring.values()):  # all go on
             tensors = {port: outputs[src] for port, src in step.wiring.items()}
             if not _violations(step.id, component, tensors, current.sizes, origin, errors).any():
-                return Batch(tensors, current.sizes, current.request_ids), origin
+                return Batch(tensors, current.sizes, current.request_ids, current.headers), origin
         sizes = np.asarray(current.sizes, dtype=np.intp)
         req = np.repeat(np.arange(len(sizes)), sizes)  # request of each row
         stop = np.zeros(len(sizes), dtype=bool)
@@ -153,13 +149,15 @@ class Chain(Component):
         tensors = {} if stop.all() else {port: outputs[src][keep] for port, src in step.wiring.items()}
         sizes, origin = left[~stop], origin[keep]
         ids = [r for r, s in zip(current.request_ids, stop, strict=True) if not s]
+        headers = [h for h, s in zip(current.headers, stop, strict=True) if not s] if current.headers else []
         bad = _violations(step.id, component, tensors, sizes, origin, errors)
         if bad.any():
             rows = np.repeat(~bad, sizes)
             tensors = {port: a[rows] for port, a in tensors.items()}
             sizes, origin = sizes[~bad], origin[rows]
             ids = [r for r, b in zip(ids, bad, strict=True) if not b]
-        return Batch(tensors, [int(n) for n in sizes], ids), origin
+            headers = [h for h, b in zip(headers, bad, strict=True) if not b] if headers else []
+        return Batch(tensors, [int(n) for n in sizes], ids, headers), origin
 
     def _widen(self, batch: Batch, origin: np.ndarray, outputs: dict[str, np.ndarray],
                mask: dict[str, np.ndarray], errors: dict[int, str]) -> Result:

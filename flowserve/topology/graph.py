@@ -11,9 +11,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
-from flowserve.capture.policy import captured_ports, side_topics
 from flowserve.component import Batch, Component, Port, load_component_class
 from flowserve.errors import ComponentError, FlowserveError, TopologyError
+from flowserve.topology import names
+from flowserve.topology.capture import captured_ports, side_topics
 from flowserve.topology.spec import JoinSpec, TopologySpec, load_spec, load_spec_text
 
 OUTPUTS_NODE = "outputs"
@@ -81,39 +82,52 @@ class Topology:
 
     @property
     def base(self) -> str:
-        return f"{self.spec.prefix}.{self.spec.name}"
+        return names.base(self.spec.prefix, self.spec.name)
 
     @property
     def inputs_topic(self) -> str:
-        return f"{self.base}.inputs"
+        return names.inputs_topic(self.base)
 
     @property
     def outputs_topic(self) -> str:
-        return f"{self.base}.outputs"
+        return names.outputs_topic(self.base)
 
     @property
     def replies_prefix(self) -> str:
         """Reply topics of synchronous callers (one per gateway instance) start with this."""
-        return f"{self.base}.replies."
+        return names.replies_prefix(self.base)
 
     def reply_topic(self, instance: str) -> str:
-        return f"{self.replies_prefix}{instance}"
+        return names.reply_topic(self.base, instance)
 
     @property
     def deadletter_topic(self) -> str:
-        return f"{self.base}.deadletter"
+        return names.deadletter_topic(self.base)
 
     @property
     def metrics_topic(self) -> str:
         """Workers publish periodic metrics snapshots here (``flowserve stats`` reads them)."""
-        return f"{self.base}.metrics"
+        return names.metrics_topic(self.base)
+
+    @property
+    def control_topic(self) -> str:
+        """Operator commands to every worker of the topology (``flowserve control``)."""
+        return names.control_topic(self.base)
+
+    @property
+    def lineage_topic(self) -> str:
+        return names.lineage_topic(self.base)
+
+    def side_topic(self, name: str) -> str:
+        """Where a component's side reports go (``Component.side_output``)."""
+        return names.side_topic(self.base, name)
 
     def with_partitions(self, partitions: int) -> Topology:
         """The same topology with another partition count (e.g. sized for a cluster at deploy time)."""
         return compile_spec(self.spec.model_copy(update={"partitions": partitions}), source=self.source)
 
     def group_id(self, node_id: str) -> str:
-        return f"{self.base}.{node_id}"
+        return names.group_id(self.base, node_id)
 
     def topics(self) -> list[str]:
         """Every topic this topology writes or reads that it owns (not other topologies' outputs)."""
@@ -178,7 +192,7 @@ def _parse_ref(ref: str, spec: TopologySpec, nodes: dict[str, Component], node_i
                 f"(declared: {', '.join(spec.inputs)})",
                 source=source, node=node_id,
             )
-        return Source(f"{spec.prefix}.{spec.name}.inputs", tensor, None, ref, port)
+        return Source(names.inputs_topic(names.base(spec.prefix, spec.name)), tensor, None, ref, port)
     if len(parts) == 2:
         upstream, port_name = parts
         if upstream not in nodes:
@@ -193,11 +207,11 @@ def _parse_ref(ref: str, spec: TopologySpec, nodes: dict[str, Component], node_i
                 f"(its outputs: {', '.join(ports) or 'none'})",
                 source=source, node=node_id,
             )
-        return Source(f"{spec.prefix}.{spec.name}.{upstream}.{port_name}", port_name, upstream, ref,
+        return Source(names.edge_topic(names.base(spec.prefix, spec.name), upstream, port_name), port_name, upstream, ref,
                       ports[port_name])
     if len(parts) == 3 and parts[1] == "outputs":
         other, _, tensor = parts
-        return Source(f"{spec.prefix}.{other}.outputs", tensor, None, ref)
+        return Source(names.outputs_topic(names.base(spec.prefix, other)), tensor, None, ref)
     raise TopologyError(
         f"cannot read reference '{ref}': use 'node.port', 'input.name' or 'topology.outputs.name'",
         source=source, node=node_id,
@@ -371,7 +385,7 @@ def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
             join=node_spec.join,
             max_batch=node_spec.max_batch or component.max_batch,
             replicas=node_spec.replicas,
-            output_topics={p: f"{spec.prefix}.{spec.name}.{node_id}.{p}" for p in component.outputs
+            output_topics={p: names.edge_topic(names.base(spec.prefix, spec.name), node_id, p) for p in component.outputs
                            if (node_id, p) in consumed},
             emits_outputs={name: src.tensor for name, src in outputs.items()} if node_id == single else {},
             capture_topics=captured.get(node_id, {}),

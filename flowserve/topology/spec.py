@@ -8,8 +8,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from flowserve.capture.spec import CaptureSpec
 from flowserve.errors import TopologyError
+from flowserve.topology.capture import CaptureSpec
 
 ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 RESERVED_IDS = frozenset({"input", "inputs", "outputs", "output", "deadletter", "replies"})

@@ -19,7 +19,7 @@ import numpy as np
 
 from flowserve.component import Batch, Component, Port, Result
 from flowserve.errors import FlowserveError
-from flowserve.runtime.batching import profile_path, save_profiles, sizes_to_profile
+from flowserve.runtime.profiles import profile_path, save_profiles, sizes_to_profile
 from flowserve.topology.graph import Topology, load_topology
 from flowserve.wire.tensors import DATATYPES
 
@@ -48,7 +48,7 @@ def sample_inputs(topology: Topology, n: int) -> dict[str, dict[str, np.ndarray]
     """Per node, ``n`` requests' worth of realistic inputs (empty when the topology has no sampler)."""
     if not topology.spec.sample:
         return {}
-    from flowserve.runtime.traffic import load_sampler
+    from flowserve.client.traffic import load_sampler
 
     requests, _ = load_sampler(topology)(n)
     if not requests:
@@ -125,7 +125,7 @@ def profile_topology(path: str | Path, node: str | None = None, *, max_batch: in
         for n in targets:
             graph_node = topology.nodes[n]
             component = graph_node.component
-            device = str(getattr(component, "device", "cpu"))
+            device = component.device
             top = min(graph_node.max_batch, max_batch or graph_node.max_batch)
             tensors = samples.get(n) or zeros_for(component.inputs, 1)
             timings = time_sizes(component, tensors, sizes_to_profile(top), repeats=repeats)

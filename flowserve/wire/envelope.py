@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flowserve.errors import WireError
+from flowserve.errors import ErrorKind, Failure, WireError
 from flowserve.wire.tensors import decode_tensors, encode_tensors
 from flowserve.wire.v2 import parse_request
 
@@ -26,13 +26,15 @@ H_TRACEPARENT = "traceparent"
 H_TOPOLOGY = "fs-topology"
 H_VERSION = "fs-version"
 H_ERROR = "fs-error"
+#: the machine-readable kind of an error result (:class:`flowserve.errors.ErrorKind`); ``fs-error`` is for people
+H_ERROR_KIND = "fs-error-kind"
 H_NODE = "fs-node"
 H_FORMAT = "fs-format"
 H_VISITS = "fs-visits"
 H_REPLY_TO = "fs-reply-to"
 
 #: Headers that are not copied from an input record to the records a node derives from it.
-_NOT_INHERITED = frozenset({H_ERROR, H_NODE})
+_NOT_INHERITED = frozenset({H_ERROR, H_ERROR_KIND, H_NODE})
 
 Headers = list[tuple[str, bytes]]
 
@@ -65,13 +67,26 @@ class Envelope:
         return deadline_of(self.headers.get(H_DEADLINE))
 
     @property
-    def error(self) -> str | None:
-        raw = self.headers.get(H_ERROR)
-        return raw.decode("utf-8", "replace") if raw is not None else None
+    def error(self) -> Failure | None:
+        """Why the request failed upstream, when this record is an error result."""
+        return failure_of(self.headers)
 
     def expired(self, at_ms: int | None = None) -> bool:
         deadline = self.deadline_ms
         return deadline is not None and (at_ms if at_ms is not None else now_ms()) > deadline
+
+
+def failure_of(headers: Mapping[str, bytes]) -> Failure | None:
+    """The failure an error result's headers carry (``fs-error`` and ``fs-error-kind``), None when there is none."""
+    raw = headers.get(H_ERROR)
+    if raw is None:
+        return None
+    return Failure(ErrorKind.parse(headers.get(H_ERROR_KIND)), raw.decode("utf-8", "replace"))
+
+
+def error_headers(failure: Failure, node: str) -> dict[str, bytes]:
+    """The headers that make a record an error result: the reason (capped), its kind and the node."""
+    return {H_ERROR: failure.reason.encode()[:4096], H_ERROR_KIND: failure.kind.value.encode(), H_NODE: node.encode()}
 
 
 def deadline_of(raw: bytes | None) -> int | None:

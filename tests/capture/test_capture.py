@@ -16,8 +16,8 @@ from flowserve.capture.drift import drift_state
 from flowserve.capture.inspect import inspect_records
 from flowserve.capture.lineage import expand, lineage
 from flowserve.client import TopologyClient
+from flowserve.client.traffic import wait_ready
 from flowserve.runtime.host import InlineHost
-from flowserve.runtime.traffic import wait_ready
 from flowserve.topology import load_topology, load_topology_text
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,9 @@ from flowserve.errors import ComponentError
 pytest.importorskip("alibi_detect")
 
 
-def _batch(x: np.ndarray, **extra: np.ndarray) -> Batch:
-    return Batch({"x": x, **extra}, [1] * len(x), [f"r{i}" for i in range(len(x))])
+def _batch(x: np.ndarray, contexts: list[bytes] | None = None, **extra: np.ndarray) -> Batch:
+    headers = [{"x-client": c} for c in contexts] if contexts is not None else ()
+    return Batch({"x": x, **extra}, [1] * len(x), [f"r{i}" for i in range(len(x))], headers)
 
 
 def _reports(d: FeatureDrift | CategoricalDrift | OutputDrift) -> list[dict]:
@@ -85,11 +86,9 @@ def test_contexts_keep_their_own_reference_and_windows() -> None:
     d = FeatureDrift.configure({"window": 100, "reference_size": 200, "context_header": "x-client"}, node="d")
     d.setup()
     clean_ref, noisy_ref = _digits(200, seed=1), _digits(200, seed=2)
-    d.contexts = [b"a"] * 200 + [b"b"] * 200
-    d.process(_batch(np.concatenate([clean_ref, noisy_ref])))
+    d.process(_batch(np.concatenate([clean_ref, noisy_ref]), [b"a"] * 200 + [b"b"] * 200))
     clean, shifted = _digits(300, seed=3), _digits(300, seed=4, shift="brightness", amount=4.0)
-    d.contexts = [b"a"] * 300 + [b"b"] * 300
-    d.process(_batch(np.concatenate([clean, shifted])))
+    d.process(_batch(np.concatenate([clean, shifted]), [b"a"] * 300 + [b"b"] * 300))
     by_ctx: dict[str, list[bool]] = {}
     for r in _reports(d):
         by_ctx.setdefault(r["context"], []).append(r["is_drift"])

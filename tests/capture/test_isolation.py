@@ -13,7 +13,7 @@ REPO = Path(__file__).parents[2]
 PROBE = """
 import json, os, sys
 from flowserve.capture.stage import worker_process
-from flowserve.runtime.settings import WorkerSettings
+from flowserve.kafka.settings import WorkerSettings
 from flowserve.topology.graph import load_topology_text
 topology = load_topology_text(sys.stdin.read())
 before = os.nice(0)

@@ -14,8 +14,8 @@ import pytest
 from components.digits import sample
 from flowserve.client import TopologyClient
 from flowserve.component import Batch
+from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import InlineHost
-from flowserve.runtime.settings import KafkaSettings
 from flowserve.topology import Topology, load_topology
 from flowserve.topology.fuse import Chain
 from flowserve.topology.graph import compile_spec

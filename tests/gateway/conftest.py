@@ -13,8 +13,8 @@ import pytest_asyncio
 
 from flowserve.client.http import AsyncHttpClient
 from flowserve.gateway import Gateway, GatewaySettings
+from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import InlineHost
-from flowserve.runtime.settings import KafkaSettings
 from flowserve.topology.graph import Topology, load_topology_text
 
 ROOT = Path(__file__).resolve().parents[2]

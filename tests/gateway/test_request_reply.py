@@ -11,8 +11,8 @@ from conftest import echo_yaml, running, unique, wait_ready
 
 from flowserve.client.http import AsyncHttpClient
 from flowserve.gateway import Gateway, GatewaySettings
+from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import InlineHost
-from flowserve.runtime.settings import KafkaSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 

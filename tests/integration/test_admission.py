@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from flowserve.client import TopologyClient
-from flowserve.runtime.batching import ExecProfile, profile_path, save_profiles
+from flowserve.client.traffic import wait_ready
 from flowserve.runtime.host import InlineHost
 from flowserve.runtime.metrics import read_snapshots
-from flowserve.runtime.traffic import wait_ready
+from flowserve.runtime.profiles import ExecProfile, profile_path, save_profiles
 from flowserve.topology import load_topology
 
 pytestmark = pytest.mark.integration

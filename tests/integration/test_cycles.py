@@ -9,8 +9,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from flowserve.client import TopologyClient
+from flowserve.client.traffic import wait_ready
 from flowserve.runtime.host import InlineHost
-from flowserve.runtime.traffic import wait_ready
 from flowserve.topology import load_topology
 from flowserve.wire.envelope import H_ERROR
 from flowserve.wire.tensors import decode_tensors

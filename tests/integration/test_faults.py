@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from flowserve.client import TopologyClient
+from flowserve.client.traffic import wait_ready
 from flowserve.runtime.host import ProcessHost
-from flowserve.runtime.traffic import wait_ready
 from flowserve.topology import load_topology
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

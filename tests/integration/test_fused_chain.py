@@ -9,8 +9,8 @@ import pytest
 
 from flowserve.client import TopologyClient
 from flowserve.client.kafka import Reply
+from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import InlineHost
-from flowserve.runtime.settings import KafkaSettings
 from flowserve.topology import Topology, load_topology_text
 from flowserve.topology.fuse import Chain
 

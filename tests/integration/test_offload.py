@@ -9,8 +9,8 @@ import pytest
 from fs_testkit import WhereAmI
 
 from flowserve.client import TopologyClient
+from flowserve.kafka.settings import WorkerSettings
 from flowserve.runtime.host import InlineHost
-from flowserve.runtime.settings import WorkerSettings
 from flowserve.topology import load_topology
 
 pytestmark = pytest.mark.integration

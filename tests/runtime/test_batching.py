@@ -8,22 +8,18 @@ from pathlib import Path
 import pytest
 
 from flowserve.errors import FlowserveError
-from flowserve.runtime.batching import (
-    Budget,
+from flowserve.runtime.batching import BatchPolicy, FixedPolicy, LagPolicy, Plan, SLOPolicy, TimeoutPolicy, make_policy
+from flowserve.runtime.budget import Budget, budget_for
+from flowserve.runtime.profiles import (
     ExecProfile,
-    SLOPolicy,
-    TimeoutPolicy,
-    budget_for,
-    deadline_of,
     load_profiles,
-    make_policy,
     node_profile,
     profile_path,
     save_profiles,
     sizes_to_profile,
 )
-from flowserve.runtime.policy import FixedPolicy, LagPolicy, Plan, plan_with
 from flowserve.topology.graph import load_topology_text
+from flowserve.wire.envelope import deadline_of
 
 NOW = 1_700_000_000_000.0  # the fake clock, epoch ms
 EXACT = Budget(share=1.0, reserve_s=0.0, downstream_s=0.0)  # the node may use all the remaining time
@@ -315,17 +311,17 @@ def test_timeout_policy_waits_for_a_full_batch() -> None:
 
 
 def test_baselines_plan_fixed_chunks() -> None:
-    assert plan_with(FixedPolicy(8), [None] * 20, NOW) == Plan(take=8)
-    assert plan_with(LagPolicy(16), [None] * 20, NOW) == Plan(take=16)
+    assert FixedPolicy(8).plan([None] * 20, NOW) == Plan(take=8)
+    assert LagPolicy(16).plan([None] * 20, NOW) == Plan(take=16)
 
-    class Legacy:  # a policy written against the old protocol (no plan)
-        def next_size(self, lag: int) -> int:
-            return 3
 
-        def observe(self, size: int, seconds: float) -> None:
-            return None
-
-    assert plan_with(Legacy(), [None] * 20, NOW) == Plan(take=3)
+def test_every_policy_declares_what_the_worker_reads() -> None:
+    """The worker reads max_wait_ms, window and profile of any policy without probing for them."""
+    policies: list[BatchPolicy] = [LagPolicy(8), FixedPolicy(4), TimeoutPolicy(16, 5.0),
+                                   SLOPolicy(max_batch=8, profile=ExecProfile({1: 0.001}))]
+    assert [p.max_wait_ms for p in policies] == [0.0, 0.0, 5.0, 0.0]
+    assert [p.window for p in policies] == [0, 0, 0, 32]
+    assert [p.profile is not None for p in policies] == [False, False, False, True]
 
 
 CHAIN = """
@@ -366,7 +362,7 @@ def test_make_policy_follows_the_node_batching_entry() -> None:
     fixed = make_policy(topology, "c")
     assert isinstance(fixed, FixedPolicy) and fixed.size == 4
     assert fixed.next_size(1) == 4 and fixed.next_size(10_000) == 4 * 1024  # fetch more, process 4 at a time
-    assert plan_with(fixed, [None] * 100, NOW) == Plan(take=4)
+    assert fixed.plan([None] * 100, NOW) == Plan(take=4)
     timeout = make_policy(topology, "d")
     assert isinstance(timeout, TimeoutPolicy) and (timeout.max_batch, timeout.max_wait_ms) == (16, 5)
 

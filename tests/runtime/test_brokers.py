@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from flowserve.errors import BrokerError
-from flowserve.runtime.brokers import ApacheKafka, Broker, BrokerKind, EmbeddedBroker, start_broker
+from flowserve.kafka.brokers import ApacheKafka, Broker, BrokerKind, EmbeddedBroker, start_broker
 
 
 def _skip_without_java(kind: BrokerKind) -> None:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from flowserve.client import TopologyClient
+from flowserve.client.traffic import wait_ready
 from flowserve.runtime.faust_host import handle_command, send_command
 from flowserve.runtime.host import ProcessHost
-from flowserve.runtime.traffic import wait_ready
 from flowserve.runtime.worker import StageWorker
 from flowserve.topology import load_topology
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flowserve.runtime.policy import BatchPolicy, FixedPolicy, LagPolicy
+from flowserve.runtime.batching import BatchPolicy, FixedPolicy, LagPolicy
 
 
 @pytest.mark.parametrize(("lag", "size"), [(1, 1), (2, 2), (7, 7), (1024, 1024)])

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from flowserve.kafka.clients import make_consumer
+from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.runtime.host import ProcessHost
-from flowserve.runtime.kafka import make_consumer
-from flowserve.runtime.settings import KafkaSettings, WorkerSettings
 from flowserve.topology.graph import load_topology_text
 
 TOPOLOGY = """
@@ -43,7 +43,7 @@ async def test_a_worker_fetches_with_the_connection_wait_unless_it_sets_its_own(
 def test_worker_processes_get_the_fetch_wait_of_the_host_connection(tmp_path: Path) -> None:
     topology = load_topology_text(TOPOLOGY, source="test")
     host = ProcessHost(tmp_path / "s.yaml", topology, KafkaSettings(bootstrap="127.0.0.1:1", fetch_max_wait_ms=5))
-    probe = ("from flowserve.runtime.settings import KafkaSettings\n"
+    probe = ("from flowserve.kafka.settings import KafkaSettings\n"
              "print(KafkaSettings.from_env('h:1').fetch_max_wait_ms)")
     out = subprocess.run([sys.executable, "-c", probe], env=host.environment(), capture_output=True, text=True,
                          check=True)

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from flowserve.gateway.settings import GatewaySettings
-from flowserve.runtime.settings import KafkaSettings
+from flowserve.kafka.settings import KafkaSettings
 
 console = Console(stderr=True)
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from flowserve.errors import BrokerError
-from flowserve.runtime.brokers.process import _HOST, _Managed, _Node, _wait_until, free_port
+from flowserve.kafka.brokers.process import _HOST, _Managed, _Node, _wait_until, free_port
 
 
 def _tansu_binary() -> str:

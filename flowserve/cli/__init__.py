@@ -19,7 +19,7 @@ from rich.table import Table
 from flowserve.errors import FlowserveError
 
 if TYPE_CHECKING:
-    from flowserve.runtime.settings import KafkaSettings
+    from flowserve.kafka.settings import KafkaSettings
 
 console = Console(stderr=True)
 out = Console()
@@ -37,7 +37,7 @@ def _broker(address: str | None, kind: str, *, server_jvm: bool = False) -> Iter
     if address:
         yield _kafka(address)
         return
-    from flowserve.runtime.brokers import start_broker
+    from flowserve.kafka.brokers import start_broker
 
     with console.status(f"starting the {kind} broker…"):
         broker = start_broker(kind, server_jvm=server_jvm)  # type: ignore[arg-type]
@@ -50,7 +50,7 @@ def _broker(address: str | None, kind: str, *, server_jvm: bool = False) -> Iter
 
 
 def _kafka(bootstrap: str) -> KafkaSettings:
-    from flowserve.runtime.settings import KafkaSettings
+    from flowserve.kafka.settings import KafkaSettings
 
     return KafkaSettings.from_env(bootstrap)
 
@@ -102,7 +102,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from flowserve.runtime.settings import WorkerSettings
+    from flowserve.kafka.settings import WorkerSettings
     from flowserve.runtime.worker import StageWorker
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -113,18 +113,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
                              f"(nodes: {', '.join(topology.nodes)})")
 
     settings = WorkerSettings(stats_interval_s=args.stats_interval)
-    from flowserve.capture.stage import worker_process
+    from flowserve.capture import capture_hooks
+    from flowserve.runtime.process import worker_process
 
     settings = worker_process(topology, args.node, settings)  # OS priority: side branches yield the CPU
     if args.host == "faust":
         from flowserve.runtime.faust_host import run_worker
 
-        run_worker(topology, args.node, _kafka(args.broker), settings,
+        run_worker(topology, args.node, _kafka(args.broker), settings, hooks=capture_hooks,
                    loglevel="info" if args.verbose else "warn")
         return 0
 
     async def main() -> None:
-        worker = StageWorker(topology, args.node, _kafka(args.broker), settings)
+        worker = StageWorker(topology, args.node, _kafka(args.broker), settings, hooks=capture_hooks)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
@@ -144,8 +145,8 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from flowserve.client.traffic import prepare_to_drive
     from flowserve.runtime.host import ProcessHost, create_topology_topics
-    from flowserve.runtime.traffic import prepare_to_drive
 
     topology = _topology(args.topology)
     with console.status("preparing components…"):
@@ -162,7 +163,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.sample:
                 return _sample(topology, kafka, args)
             if args.gateway_port is not None:
-                from flowserve.gateway.cli import GatewaySettings, serve_blocking
+                from flowserve.cli.gateway import GatewaySettings, serve_blocking
 
                 return serve_blocking([topology], kafka, GatewaySettings.from_env(port=args.gateway_port))
             console.print("Ctrl-C to stop")
@@ -174,7 +175,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _sample(topology: Any, kafka: Any, args: argparse.Namespace) -> int:
-    from flowserve.runtime.traffic import run_sample
+    from flowserve.client.traffic import run_sample
 
     with console.status(f"waiting for the pipeline, then sending {args.sample} sample requests…"):
         shift = {"shift": args.shift, "amount": args.amount} if getattr(args, "shift", None) else None
@@ -200,8 +201,8 @@ def _sample(topology: Any, kafka: Any, args: argparse.Namespace) -> int:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from flowserve.runtime.brokers import ApacheKafka, EmbeddedBroker
-    from flowserve.runtime.settings import KafkaSettings
+    from flowserve.kafka.brokers import ApacheKafka, EmbeddedBroker
+    from flowserve.kafka.settings import KafkaSettings
 
     if args.kind == "embedded":
         broker: Any = EmbeddedBroker.start(port=args.port)
@@ -296,18 +297,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int)
     p.set_defaults(func=cmd_broker)
 
-    from flowserve.gateway.cli import add_arguments as gateway_arguments
-    from flowserve.gateway.cli import cmd_gateway
+    from flowserve.cli.gateway import add_arguments as gateway_arguments
+    from flowserve.cli.gateway import cmd_gateway
 
     p = sub.add_parser("gateway", help="serve topologies over HTTP (Open Inference Protocol V2), request-reply")
     gateway_arguments(p)
     p.set_defaults(func=cmd_gateway)
 
-    from flowserve.capture.cli import register as capture_commands
+    from flowserve.cli.capture import register as capture_commands
 
     capture_commands(sub)  # inspect, lineage, drift
 
-    from flowserve.tuning.commands import cmd_profile, cmd_stats
+    from flowserve.cli.tuning import cmd_profile, cmd_stats
 
     p = sub.add_parser("profile", help="measure each node's execution time per batch size (saved beside the topology)")
     p.add_argument("topology")

@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Protocol, Self
 
 from flowserve.errors import BrokerError
-from flowserve.runtime.settings import KafkaSettings
+from flowserve.kafka.settings import KafkaSettings
 
 _HOST = "127.0.0.1"
 _LOG_TAIL_LINES = 40

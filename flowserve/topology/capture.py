@@ -1,8 +1,21 @@
-"""Capture policy: which requests are sampled, which ports get capture topics, topic names and configs.
+"""The ``capture:`` section of a topology: which requests and ports are kept, lineage, tracing, retention.
 
-Sampling is deterministic: a request id hashes to a point in [0, 1) and the request is captured where
-that point is below the node's rate. Every node computes the same point, so a request sampled at 10%
-is captured at every node whose rate is 10% or more.
+Without a ``capture:`` section nothing extra is written. With one::
+
+    capture:
+      sample: 0.1              # fraction of requests, chosen by a hash of the request id (same at every node)
+      ports: [post.probs]      # also give these ports a topic when no node reads them ("node.*", "*")
+      lineage: true            # lineage records (one per batch) to <prefix>.<topology>.lineage
+      tracing: true            # OpenTelemetry spans per batch and per request
+      retention_ms: 86400000   # retention.ms of the topics capture reads, set when they are created
+      nodes:                   # per-node overrides
+        model: {sample: 1.0}
+        post: {enabled: false}
+
+The policy derived from it lives here too: which requests are sampled (deterministically: a request id
+hashes to a point in [0, 1) and is captured where that point is below the node's rate, so a request
+sampled at 10% is captured at every node whose rate is 10% or more), which ports get capture topics,
+and the topics capture adds to a topology.
 """
 
 from __future__ import annotations
@@ -12,14 +25,46 @@ from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flowserve.capture.spec import CaptureSpec
+from pydantic import BaseModel, ConfigDict, Field
+
 from flowserve.errors import TopologyError
+from flowserve.topology import names
 
 if TYPE_CHECKING:
     from flowserve.topology.graph import Topology
     from flowserve.topology.spec import TopologySpec
 
 _SCALE = float(1 << 64)
+
+
+class NodeCaptureSpec(BaseModel):
+    """Overrides of the topology-wide capture settings for one node."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    sample: float | None = Field(None, ge=0.0, le=1.0)
+    lineage: bool | None = None
+    tracing: bool | None = None
+
+
+class CaptureSpec(BaseModel):
+    """Capture policy of a topology (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    #: fraction of requests captured; the choice hashes the request id, so a request is kept at every node.
+    sample: float = Field(1.0, ge=0.0, le=1.0)
+    #: "node.port", "node.*" or "*": ports that get a topic (for sampled requests) even when nothing reads them.
+    ports: list[str] = Field(default_factory=list)
+    lineage: bool = True
+    tracing: bool = True
+    #: retention.ms of edge, capture, lineage and drift topics, applied when they are created.
+    retention_ms: int | None = Field(None, gt=0)
+    nodes: dict[str, NodeCaptureSpec] = Field(default_factory=dict)
+
+
 
 
 def sample_point(request_id: str) -> float:
@@ -102,17 +147,8 @@ def captured_ports(spec: TopologySpec, outputs: Mapping[str, Iterable[str]],
     for node_id, port in sorted(wanted):
         if (node_id, port) in consumed or not node_policy(spec, node_id).enabled:
             continue
-        out.setdefault(node_id, {})[port] = f"{spec.prefix}.{spec.name}.{node_id}.{port}"
+        out.setdefault(node_id, {})[port] = names.edge_topic(names.base(spec.prefix, spec.name), node_id, port)
     return out
-
-
-def lineage_topic(topology: Topology) -> str:
-    return f"{topology.base}.lineage"
-
-
-def side_topic(topology: Topology, name: str) -> str:
-    """The topic a component's side reports go to (``Component.side_output``), e.g. ``<base>.drift``."""
-    return f"{topology.base}.{name}"
 
 
 def lineage_on(topology: Topology) -> bool:
@@ -122,11 +158,11 @@ def lineage_on(topology: Topology) -> bool:
 
 def side_topics(topology: Topology) -> list[str]:
     """Topics capture adds to a topology: the lineage topic when lineage is on, and side-report topics."""
-    topics = [lineage_topic(topology)] if lineage_on(topology) else []
+    topics = [topology.lineage_topic] if lineage_on(topology) else []
     for node in topology.nodes.values():
-        name = getattr(node.component, "side_output", None)
+        name = node.component.side_output
         if name:
-            topics.append(side_topic(topology, name))
+            topics.append(topology.side_topic(name))
     return list(dict.fromkeys(topics))
 
 

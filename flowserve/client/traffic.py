@@ -13,8 +13,8 @@ import numpy as np
 
 from flowserve.client.kafka import Reply, TopologyClient
 from flowserve.errors import FlowserveError
+from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.heap import settle
-from flowserve.runtime.settings import KafkaSettings
 from flowserve.topology.graph import Topology
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from flowserve.errors import BrokerError
-from flowserve.runtime.brokers.process import _HOST, _LOG_TAIL_LINES, _hint, _Managed, _Node, _wait_until, free_port
+from flowserve.kafka.brokers.process import _HOST, _LOG_TAIL_LINES, _hint, _Managed, _Node, _wait_until, free_port
 
 #: Kafka release fetched when ``FLOWSERVE_KAFKA_VERSION`` is not set.
 KAFKA_VERSION = "4.1.1"

@@ -1,4 +1,4 @@
-"""aiokafka clients configured for flowserve, and topic administration."""
+"""Topic administration: create a topology's topics (waiting for their leaders), describe and delete them."""
 
 from __future__ import annotations
 
@@ -6,49 +6,12 @@ import asyncio
 import contextlib
 from collections.abc import Iterable, Mapping
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import TopicAlreadyExistsError
 
 from flowserve.errors import BrokerError
-from flowserve.runtime.settings import KafkaSettings, WorkerSettings
-
-# Headroom over the largest record: batch framing, headers, key.
-_OVERHEAD = 64 * 1024
-
-
-def make_consumer(kafka: KafkaSettings, worker: WorkerSettings, *, group_id: str | None,
-                  max_message_bytes: int, **extra: object) -> AIOKafkaConsumer:
-    # Range assignment gives one consumer the same partition numbers of every topic it reads,
-    # which is what keeps fan-in joins co-partitioned.
-    return AIOKafkaConsumer(
-        group_id=group_id,
-        enable_auto_commit=False,
-        auto_offset_reset=worker.auto_offset_reset,
-        fetch_max_wait_ms=kafka.fetch_max_wait_ms if worker.fetch_max_wait_ms is None else worker.fetch_max_wait_ms,
-        fetch_min_bytes=worker.fetch_min_bytes,
-        max_partition_fetch_bytes=max(worker.max_partition_fetch_bytes, max_message_bytes + _OVERHEAD),
-        session_timeout_ms=worker.session_timeout_ms,
-        heartbeat_interval_ms=worker.heartbeat_interval_ms,
-        max_poll_interval_ms=worker.rebalance_timeout_ms,
-        rebalance_timeout_ms=worker.rebalance_timeout_ms,
-        partition_assignment_strategy=(RangePartitionAssignor,),
-        **kafka.client_kwargs(),
-        **extra,
-    )
-
-
-def make_producer(kafka: KafkaSettings, worker: WorkerSettings, *, max_message_bytes: int,
-                  **extra: object) -> AIOKafkaProducer:
-    return AIOKafkaProducer(
-        acks=worker.acks,
-        linger_ms=0,
-        max_batch_size=max(worker.producer_batch_bytes, max_message_bytes + _OVERHEAD),
-        max_request_size=max_message_bytes + _OVERHEAD,
-        **kafka.client_kwargs(),
-        **extra,
-    )
+from flowserve.kafka.clients import OVERHEAD
+from flowserve.kafka.settings import KafkaSettings
 
 
 async def ensure_topics(kafka: KafkaSettings, topics: Iterable[str], partitions: int,
@@ -65,7 +28,7 @@ async def ensure_topics(kafka: KafkaSettings, topics: Iterable[str], partitions:
         raise BrokerError(f"cannot reach Kafka at {kafka.bootstrap}: {exc!r}") from None
     try:
         existing = set(await admin.list_topics())
-        config = {"max.message.bytes": str(max_message_bytes + _OVERHEAD)} if max_message_bytes else {}
+        config = {"max.message.bytes": str(max_message_bytes + OVERHEAD)} if max_message_bytes else {}
         wanted = [t for t in dict.fromkeys(topics) if t not in existing]
         if wanted:
             new = [NewTopic(t, num_partitions=partitions, replication_factor=1,

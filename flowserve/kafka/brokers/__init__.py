@@ -20,7 +20,7 @@ Both listen on 127.0.0.1 only and keep everything in a temporary directory that 
 
 Example::
 
-    from flowserve.runtime.brokers import running_broker
+    from flowserve.kafka.brokers import running_broker
 
     with running_broker("embedded") as broker:
         producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
@@ -33,9 +33,9 @@ from collections.abc import Iterator
 from typing import Literal
 
 from flowserve.errors import BrokerError
-from flowserve.runtime.brokers.embedded import EmbeddedBroker
-from flowserve.runtime.brokers.kafka import KAFKA_VERSION, QUICK_JVM, SERVER_JVM, ApacheKafka
-from flowserve.runtime.brokers.process import Broker, free_port
+from flowserve.kafka.brokers.embedded import EmbeddedBroker
+from flowserve.kafka.brokers.kafka import KAFKA_VERSION, QUICK_JVM, SERVER_JVM, ApacheKafka
+from flowserve.kafka.brokers.process import Broker, free_port
 
 __all__ = [
     "KAFKA_VERSION",

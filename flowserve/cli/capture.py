@@ -7,7 +7,7 @@ from typing import Any
 
 
 def _kafka(bootstrap: str) -> Any:
-    from flowserve.runtime.settings import KafkaSettings
+    from flowserve.kafka.settings import KafkaSettings
 
     return KafkaSettings.from_env(bootstrap)
 

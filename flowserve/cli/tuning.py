@@ -33,8 +33,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    from flowserve.kafka.settings import KafkaSettings
     from flowserve.runtime.metrics import read_snapshots, snapshot_rows
-    from flowserve.runtime.settings import KafkaSettings
     from flowserve.topology import load_topology
 
     topology = load_topology(args.topology)

@@ -1,0 +1,1 @@
+"""The Kafka layer: settings, client factories, topic administration, the outbox, request-reply."""

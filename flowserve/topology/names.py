@@ -1,0 +1,83 @@
+"""Topic and consumer-group names: the only place they are formed.
+
+Every name starts with a topology's *base*, ``<prefix>.<topology>`` (prefix ``fs`` by default)::
+
+    <base>.inputs              requests (any Kafka client may write here)
+    <base>.<node>.<port>       an edge: one node's output port that some node reads, or a captured port
+    <base>.outputs             replies of asynchronous callers
+    <base>.replies.<instance>  replies of one gateway instance (its ``fs-reply-to`` route)
+    <base>.deadletter          records that could not be used, with the reason
+    <base>.metrics             workers' periodic metrics snapshots
+    <base>.control             operator commands to every worker of the topology
+    <base>.lineage             lineage records (capture)
+    <base>.<side>              a component's side reports, e.g. ``<base>.drift``
+
+A node's consumer group is ``<base>.<node>``. Names are plain functions of strings, so tools that know
+only a topology's name and prefix (``flowserve inspect``, the capture reader) form the same names.
+"""
+
+from __future__ import annotations
+
+INPUTS = "inputs"
+OUTPUTS = "outputs"
+DEADLETTER = "deadletter"
+METRICS = "metrics"
+CONTROL = "control"
+LINEAGE = "lineage"
+REPLIES = "replies"
+
+#: the topics of a topology that are not edges (``flowserve inspect`` hides these by default).
+SERVICE_TOPICS = (METRICS, CONTROL)
+
+
+def base(prefix: str, topology: str) -> str:
+    """``<prefix>.<topology>``: what every topic of the topology starts with."""
+    return f"{prefix}.{topology}"
+
+
+def inputs_topic(base: str) -> str:
+    return f"{base}.{INPUTS}"
+
+
+def outputs_topic(base: str) -> str:
+    return f"{base}.{OUTPUTS}"
+
+
+def deadletter_topic(base: str) -> str:
+    return f"{base}.{DEADLETTER}"
+
+
+def metrics_topic(base: str) -> str:
+    return f"{base}.{METRICS}"
+
+
+def control_topic(base: str) -> str:
+    return f"{base}.{CONTROL}"
+
+
+def lineage_topic(base: str) -> str:
+    return f"{base}.{LINEAGE}"
+
+
+def side_topic(base: str, name: str) -> str:
+    """Where a component's side reports go (``Component.side_output``), e.g. ``<base>.drift``."""
+    return f"{base}.{name}"
+
+
+def replies_prefix(base: str) -> str:
+    """Every reply topic of synchronous callers (one per gateway instance) starts with this."""
+    return f"{base}.{REPLIES}."
+
+
+def reply_topic(base: str, instance: str) -> str:
+    return f"{replies_prefix(base)}{instance}"
+
+
+def edge_topic(base: str, node: str, port: str) -> str:
+    """The topic of ``node``'s output ``port``."""
+    return f"{base}.{node}.{port}"
+
+
+def group_id(base: str, node: str) -> str:
+    """The consumer group of ``node``'s workers."""
+    return f"{base}.{node}"
