@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -257,6 +258,33 @@ def torch_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
+#: The component library's import name: its own distribution (``components/`` in a checkout).
+LIBRARY = "flowserve_components"
+
+
+def _library_missing(exc: BaseException) -> str:
+    """How to install the component library when ``exc`` is its import failing; "" for any other error."""
+    if isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] == LIBRARY:
+        return (f"the component library ({LIBRARY}) is not installed: pip install -e ./components from a "
+                "flowserve checkout, or install the flowserve-components wheel")
+    return ""
+
+
+def import_library(module: str) -> ModuleType:
+    """Import ``module`` of the component library, for a command that needs it (``flowserve train``).
+
+    The core never imports the library at module import time: it is a separate distribution that brings
+    torch and scikit-learn. Raises :class:`ComponentError` saying how to install it when it is missing.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        fix = _library_missing(exc)
+        if not fix:
+            raise
+        raise ComponentError(f"cannot import {module}: {fix}") from None
+
+
 def load_component_class(ref: str) -> type[Component]:
     """Import ``module.path:ClassName`` and check it is a :class:`Component`."""
     module_name, sep, attr = ref.partition(":")
@@ -265,10 +293,8 @@ def load_component_class(ref: str) -> type[Component]:
     try:
         module = importlib.import_module(module_name)
     except (ImportError, TypeError) as exc:  # TypeError: a relative name such as '.mod'
-        raise ComponentError(
-            f"cannot import module '{module_name}' for component '{ref}': {exc}; "
-            "check the module path and that its package is installed"
-        ) from None
+        fix = _library_missing(exc) or "check the module path and that its package is installed"
+        raise ComponentError(f"cannot import module '{module_name}' for component '{ref}': {exc}; {fix}") from None
     cls = getattr(module, attr, None)
     if cls is None:
         raise ComponentError(f"module '{module_name}' has no '{attr}' (component '{ref}'); check the class name")

@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+
+from flowserve.component import Batch, Component
 
 SUPPORT = Path(__file__).parent / "support"
 sys.path.insert(0, str(SUPPORT))
@@ -51,3 +55,27 @@ def write_topology(tmp_path: Path, unique_name: str):  # noqa: ANN201
         return path
 
     return write
+
+
+def _make_batch(sizes: list[int], **tensors: np.ndarray) -> Batch:
+    for name, array in tensors.items():
+        assert len(array) == sum(sizes), f"tensor {name} has {len(array)} rows, sizes add up to {sum(sizes)}"
+    return Batch(dict(tensors), list(sizes), [f"r{i}" for i in range(len(sizes))])
+
+
+@pytest.fixture
+def make_batch() -> Callable[..., Batch]:
+    """``make_batch(sizes, **tensors)``: a batch of requests r0, r1, ... whose rows are ``tensors``."""
+    return _make_batch
+
+
+def _configure(cls: type[Component], params: dict[str, Any] | None = None, node: str = "test") -> Component:
+    component = cls.configure(params or {}, node=node)
+    assert type(component) is cls
+    return component
+
+
+@pytest.fixture
+def configure() -> Callable[..., Any]:
+    """``configure(cls, params, node)``: ``cls.configure`` checked to return a ``cls``."""
+    return _configure

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import sys
 from typing import ClassVar
 
 import numpy as np
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from flowserve.component import Batch, Component, NoParams, Port, Result, load_component_class, read_result
+from flowserve.component import (
+    Batch,
+    Component,
+    NoParams,
+    Port,
+    Result,
+    import_library,
+    load_component_class,
+    read_result,
+)
 from flowserve.errors import ComponentError, WireError
 
 
@@ -238,3 +248,23 @@ def test_read_result_casts_to_the_declared_dtype_and_keeps_masks_and_errors() ->
 def test_read_result_rejects_results_that_break_the_declaration(result: object, message: str) -> None:
     with pytest.raises(ComponentError, match=message):
         read_result(Thresh(), result, 2, node="t")  # type: ignore[arg-type]
+
+
+def test_a_missing_component_library_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # as if flowserve-components were absent, whatever of it earlier tests imported
+    for name in ["flowserve_components", "flowserve_components.models", "flowserve_components.digits"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ComponentError, match=r"cannot import flowserve_components\.models: .* pip install -e "
+                                             r"\./components"):
+        import_library("flowserve_components.models")
+    with pytest.raises(ComponentError, match=r"component 'flowserve_components\.digits:Normalize': .* is not "
+                                             r"installed: pip install -e \./components"):
+        load_component_class("flowserve_components.digits:Normalize")
+
+
+def test_import_library_passes_on_other_import_errors() -> None:
+    with pytest.raises(ImportError) as info:
+        import_library("no_such_module_fs")
+    assert not isinstance(info.value, ComponentError)
+    with pytest.raises(ComponentError, match="check the module path and that its package is installed"):
+        load_component_class("no_such_module_fs:X")

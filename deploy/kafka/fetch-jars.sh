@@ -1,44 +1,6 @@
 #!/usr/bin/env bash
-# Fetch the Apache Kafka broker and its runtime classpath from Maven Central into one flat directory,
-# so the broker can run as `java -cp "$libs/*" kafka.Kafka ...` with no Kafka tarball installed.
-#
-#   deploy/kafka/fetch-jars.sh            # prints the libs directory on stdout
-#
-# Environment:
-#   FLOWSERVE_KAFKA_VERSION  Kafka version to fetch (default 4.1.1)
-#   FLOWSERVE_KAFKA_LIBS     target directory (default ~/.cache/flowserve/kafka/<version>/libs)
-#
-# Idempotent: a complete directory carries a .complete marker and is left alone. Jars are copied into a
-# sibling temp directory and renamed into place, so an interrupted or concurrent run never leaves a
-# half-filled classpath that would later fail with ClassNotFoundException.
+# Fetch the Apache Kafka jars (CI, start-kafka.sh): runs the script flowserve ships beside ApacheKafka, in
+# flowserve/kafka/brokers/apache/, with the same environment (FLOWSERVE_KAFKA_VERSION, FLOWSERVE_KAFKA_LIBS).
+# Prints the libs directory on stdout.
 set -euo pipefail
-
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-version="${FLOWSERVE_KAFKA_VERSION:-4.1.1}"
-libs="${FLOWSERVE_KAFKA_LIBS:-${XDG_CACHE_HOME:-$HOME/.cache}/flowserve/kafka/$version/libs}"
-
-if [[ -f "$libs/.complete" ]]; then
-  echo "$libs"
-  exit 0
-fi
-
-command -v mvn >/dev/null || { echo "fetch-jars.sh: mvn not found: install Maven 3.8+ (apt-get install maven)" >&2; exit 1; }
-
-parent="$(dirname "$libs")"
-mkdir -p "$parent"
-staging="$(mktemp -d "$parent/.libs-staging.XXXXXX")"
-trap 'rm -rf "$staging"' EXIT
-
-echo "fetch-jars.sh: resolving org.apache.kafka:kafka_2.13:$version into $libs" >&2
-mvn -q -B -Dstyle.color=never -f "$here/pom.xml" \
-  -Dkafka.version="$version" \
-  dependency:copy-dependencies \
-  -DincludeScope=runtime \
-  -DoutputDirectory="$staging" 2>&1 | sed -e 's/\x1b\[[0-9;]*m//g' -e '/^$/d' >&2  # Maven 3.8 -q still emits colour resets
-
-touch "$staging/.complete"
-if ! mv -T "$staging" "$libs" 2>/dev/null; then
-  # Another run finished first (the target now exists and is non-empty); its copy is as good as ours.
-  [[ -f "$libs/.complete" ]] || { echo "fetch-jars.sh: could not move jars into $libs" >&2; exit 1; }
-fi
-echo "$libs"
+exec bash "$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/flowserve/kafka/brokers/apache/fetch-jars.sh" "$@"

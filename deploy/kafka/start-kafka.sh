@@ -7,13 +7,15 @@
 #   deploy/kafka/start-kafka.sh --port 19092     # first broker port
 #   deploy/kafka/stop-kafka.sh                   # stop it and delete its data
 #
-# Brokers take ports P..P+N-1 and controllers the N ports after them, as flowserve.runtime.brokers does.
+# Brokers take ports P..P+N-1 and controllers the N ports after them, as flowserve.kafka.brokers does.
 # Environment: FLOWSERVE_KAFKA_RUN (state directory, default ${TMPDIR:-/tmp}/flowserve-kafka-run),
 # JAVA_HOME, and the FLOWSERVE_KAFKA_VERSION / FLOWSERVE_KAFKA_LIBS of fetch-jars.sh.
-# The settings mirror ApacheKafka in flowserve/runtime/brokers/kafka.py; change both together.
+# The settings mirror ApacheKafka in flowserve/kafka/brokers/kafka.py; change both together.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# ApacheKafka's log4j2.properties (and the fetch-jars.sh that ./fetch-jars.sh runs): package data of flowserve
+apache="$(cd "$here/../../flowserve/kafka/brokers/apache" && pwd)"
 nodes=1
 port=9092
 while [[ $# -gt 0 ]]; do
@@ -59,7 +61,7 @@ for (( i = 0; i < nodes; i++ )); do
 done
 
 jvm=("$java" -Xmx512m -Xms128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true
-     "-Dlog4j2.configurationFile=$here/log4j2.properties" -cp "$libs/*")
+     "-Dlog4j2.configurationFile=$apache/log4j2.properties" -cp "$libs/*")
 
 for (( i = 0; i < nodes; i++ )); do
   home="$data/node-$i"

@@ -1,6 +1,6 @@
 """SLO-aware batching vs static and timeout batching, on a compute-heavy node behind the real broker.
 
-One node, ``components.torch_stage:TorchClassifier`` with the ``digits-cnn`` model (one torch thread):
+One node, ``flowserve_components.torch_stage:TorchClassifier`` with the ``digits-cnn`` model (one torch thread):
 a call costs about a millisecond whatever the batch, so batching matters. The worker runs in its own
 process (``flowserve worker``) exactly as deployed; this process sends open-loop traffic and reads the
 replies. Steps:
@@ -36,6 +36,7 @@ from flowserve.bench.common import console, run_id
 from flowserve.client import TopologyClient
 from flowserve.client.kafka import Reply
 from flowserve.client.traffic import wait_ready
+from flowserve.component import import_library
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost, create_topology_topics
 from flowserve.topology import load_topology
@@ -59,7 +60,7 @@ name: {name}
 partitions: 4
 nodes:
   model:
-    component: components.torch_stage:TorchClassifier
+    component: flowserve_components.torch_stage:TorchClassifier
     params: {{model: digits-cnn, threads: 1}}
     inputs: {{x: input.x}}
     max_batch: {MAX_BATCH}
@@ -69,10 +70,9 @@ outputs: {{logits: model.logits}}
 
 
 def _inputs(n: int = 256) -> list[dict[str, np.ndarray]]:
-    from components.digits import PIXEL_MAX, sample
-
-    requests, _ = sample(n, seed=1)
-    return [{"x": (r["pixels"] / np.float32(PIXEL_MAX)).astype(np.float32)} for r in requests]
+    digits = import_library("flowserve_components.digits")
+    requests, _ = digits.sample(n, seed=1)
+    return [{"x": (r["pixels"] / np.float32(digits.PIXEL_MAX)).astype(np.float32)} for r in requests]
 
 
 class Collector:

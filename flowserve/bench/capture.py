@@ -43,6 +43,7 @@ from flowserve.bench.paired import Slice
 from flowserve.client import TopologyClient
 from flowserve.client.kafka import new_request_id
 from flowserve.client.traffic import prepare_to_drive, wait_ready
+from flowserve.component import import_library
 from flowserve.errors import BrokerError
 from flowserve.kafka.admin import delete_topics
 from flowserve.kafka.settings import KafkaSettings
@@ -53,20 +54,20 @@ DIGITS = """
 name: {name}
 partitions: 4
 nodes:
-  pre: {{component: components.digits:Normalize, inputs: {{pixels: input.pixels}}}}
+  pre: {{component: flowserve_components.digits:Normalize, inputs: {{pixels: input.pixels}}}}
   model:
-    component: components.torch_stage:TorchClassifier
+    component: flowserve_components.torch_stage:TorchClassifier
     params: {{model: digits-mlp, threads: 1}}
     inputs: {{x: pre.x}}
-  post: {{component: components.postprocess:ArgMax, inputs: {{logits: model.logits}}}}
+  post: {{component: flowserve_components.postprocess:ArgMax, inputs: {{logits: model.logits}}}}
 {extra}
 outputs: {{label: post.label, probs: post.probs}}
 {capture}
 """
 T = TypeVar("T")
 DETECTOR = """  input_drift:
-    component: components.drift:FeatureDrift
-    params: {window: 100, reference: "components.drift:digits_reference"}
+    component: flowserve_components.drift:FeatureDrift
+    params: {window: 100, reference: "flowserve_components.drift:digits_reference"}
     inputs: {x: pre.x}"""
 CONCURRENCY = 64
 #: seconds per slice: shorter than the machine's slow and fast stretches, long enough for batches to settle
@@ -90,9 +91,7 @@ def _topology(sample: float | None, detector: bool = False) -> tuple[str, Topolo
 
 
 def _inputs(n: int) -> list[dict[str, np.ndarray]]:
-    from components.digits import sample
-
-    requests, _ = sample(n, seed=0)
+    requests, _ = import_library("flowserve_components.digits").sample(n, seed=0)
     return requests
 
 

@@ -8,11 +8,10 @@ import uuid
 from pathlib import Path
 from typing import ClassVar
 
-from rich.console import Console
-
 from flowserve.component import Batch, Component, Port
+from flowserve.console import make_console
 
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 class Identity(Component):

@@ -25,11 +25,12 @@ import numpy as np
 
 from flowserve.bench.common import console
 from flowserve.client import TopologyClient, new_request_id
-from flowserve.client.http import AsyncHttpClient, build_request
-from flowserve.client.traffic import load_sampler, prepare_to_drive, wait_ready
+from flowserve.client.http import AsyncHttpClient
+from flowserve.client.traffic import prepare_to_drive, wait_ready
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost, create_topology_topics
 from flowserve.topology import load_topology
+from flowserve.wire.v2 import build_request
 
 LEVELS = (1, 8, 32, 128)
 _TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
@@ -105,7 +106,7 @@ async def _bench_topology(kafka: KafkaSettings, path: Path, seconds: float,
                           levels: tuple[int, ...]) -> dict[str, Any]:
     topology = load_topology(path)
     prepare_to_drive(topology)
-    inputs, _ = load_sampler(topology)(256)
+    inputs, _ = topology.sampler()(256)
     bodies = [build_request(x)[0] for x in inputs]
     infer = f"/v2/models/{topology.name}/infer"
     await create_topology_topics(topology, kafka)

@@ -1,6 +1,6 @@
 """``flowserve drift``: the current state of a topology's drift detectors, per detector and context.
 
-Detectors (``components.drift``) write one JSON record per closed window to
+Detectors (``flowserve_components.drift``) write one JSON record per closed window to
 ``<prefix>.<topology>.drift``, keyed ``<detector>/<context>``. This reads them back and keeps, per key,
 the latest window and the totals::
 

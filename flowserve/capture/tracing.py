@@ -12,14 +12,14 @@ Export, chosen once per process:
 Trace context travels in the W3C ``traceparent`` Kafka header: a stage's per-request span is a child of
 the incoming record's traceparent and the records it writes carry that span's traceparent.
 
-Stages do not go through ``Tracer.start_span`` per request (about 40 us each with context handling,
-sampler and attribute validation): capture already chose the requests, so a stage draws a batch's span
-ids in one call (:func:`new_span_ids`, hex text), writes the outgoing ``traceparent`` itself, and at the
-end of the batch hands the whole batch's spans to its :class:`StageSpans` in one call. With the local
-exporter the span lines are formatted right there (one f-string per span around the batch's common
-parts, no SDK objects, nothing the garbage collector tracks) and appended to a buffer written out every
-second or 256 KB: about 1 us per span, where building SDK spans and queueing them for an exporter thread
-cost about 20 (object churn that kept the collector busy, and a second thread contending for the GIL).
+Stages do not go through ``Tracer.start_span`` per request (context handling, the sampler and attribute
+validation cost more per request than the stage's own work): capture already chose the requests, so a
+stage draws a batch's span ids in one call (:func:`new_span_ids`, hex text), writes the outgoing
+``traceparent`` itself, and at the end of the batch hands the whole batch's spans to its
+:class:`StageSpans` in one call. With the local exporter the span lines are formatted right there (one
+f-string per span around the batch's common parts, no SDK objects, nothing the garbage collector tracks)
+and appended to a buffer written out every second or 256 KB; SDK spans queued for an exporter thread
+would churn objects for the collector and add a second thread contending for the GIL.
 With ``use_exporter`` or OTLP the same batch becomes SDK ``ReadableSpan`` objects handed to the SDK's span
 processor (a ``BatchSpanProcessor`` with a bounded queue for OTLP: spans beyond it are dropped and
 counted by the SDK, never blocking a stage; a ``SimpleSpanProcessor`` for ``use_exporter``).

@@ -13,16 +13,16 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
 from rich.table import Table
 
+from flowserve.console import make_console
 from flowserve.errors import FlowserveError
 
 if TYPE_CHECKING:
     from flowserve.kafka.settings import KafkaSettings
 
-console = Console(stderr=True)
-out = Console()
+console = make_console(stderr=True)
+out = make_console()
 
 
 def _topology(path: str):  # noqa: ANN202 - returns flowserve.topology.Topology
@@ -95,9 +95,9 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from components.models import train_all
+    from flowserve.component import import_library
 
-    train_all(args.models or None)
+    import_library("flowserve_components.models").train_all(args.models or None)
     return 0
 
 
@@ -308,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     capture_commands(sub)  # inspect, lineage, drift
 
-    from flowserve.cli.tuning import cmd_profile, cmd_stats
+    from flowserve.cli.measure import cmd_profile, cmd_stats
 
     p = sub.add_parser("profile", help="measure each node's execution time per batch size (saved beside the topology)")
     p.add_argument("topology")

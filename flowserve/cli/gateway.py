@@ -9,12 +9,11 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Console
-
+from flowserve.console import make_console
 from flowserve.gateway.settings import GatewaySettings
 from flowserve.kafka.settings import KafkaSettings
 
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

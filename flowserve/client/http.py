@@ -10,7 +10,8 @@ No dependencies beyond the standard library and numpy. Both keep connections ali
         print(reply.outputs()["label"])
 
 ``binary=True`` sends inputs with the binary tensor data extension; ``binary_outputs=True`` asks for
-binary outputs. :meth:`V2Response.outputs` decodes either form into numpy arrays.
+binary outputs. :meth:`V2Response.outputs` decodes either form into numpy arrays. This module is the
+transport only: bodies are built and read by the V2 codec, :mod:`flowserve.wire.v2`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import asyncio
 import contextlib
 import http.client
 import json
-import math
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +28,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from flowserve.errors import FlowserveError
-from flowserve.wire.tensors import DATATYPES, as_bytes_array, datatype_of
-from flowserve.wire.v2 import tensor_from_v2, tensor_to_v2
-
-_U32 = struct.Struct("<I")
+from flowserve.wire.v2 import HEADER_LENGTH, build_request, decode_response
 
 
 class HttpError(FlowserveError):
@@ -52,7 +48,7 @@ class V2Response:
     body: bytes
 
     def json(self) -> Any:
-        n = self.headers.get("inference-header-content-length")
+        n = self.headers.get(HEADER_LENGTH)
         return json.loads(self.body[: int(n)] if n else self.body)
 
     @property
@@ -70,74 +66,8 @@ class V2Response:
         return self
 
     def outputs(self) -> dict[str, np.ndarray]:
-        """The response's output tensors by name (JSON or binary)."""
-        n = self.headers.get("inference-header-content-length")
-        doc = self.json()
-        blob = self.body[int(n):] if n else b""
-        pos = 0
-        out: dict[str, np.ndarray] = {}
-        for spec in doc.get("outputs", []):
-            size = (spec.get("parameters") or {}).get("binary_data_size")
-            if size is None:
-                name, array = tensor_from_v2(spec)
-            else:
-                name = spec["name"]
-                array = decode_raw(spec["datatype"], spec["shape"], blob[pos : pos + size])
-                pos += size
-            out[name] = array
-        return out
-
-
-def encode_raw(array: np.ndarray) -> bytes:
-    """The binary extension's layout of a tensor (BYTES: a u32 length before each element)."""
-    if datatype_of(array) == "BYTES":
-        return b"".join(_U32.pack(len(v)) + v for v in as_bytes_array(array).reshape(-1))
-    return np.ascontiguousarray(array, dtype=DATATYPES[datatype_of(array)]).tobytes()
-
-
-def decode_raw(datatype: str, shape: list[int], raw: bytes) -> np.ndarray:
-    if datatype == "BYTES":
-        out = np.empty(math.prod(shape), dtype=object)
-        pos = 0
-        for i in range(len(out)):
-            (n,) = _U32.unpack_from(raw, pos)
-            out[i] = raw[pos + 4 : pos + 4 + n]
-            pos += 4 + n
-        return out.reshape(shape)
-    return np.frombuffer(raw, dtype=DATATYPES[datatype]).reshape(shape)
-
-
-def build_request(tensors: Mapping[str, np.ndarray], *, request_id: str | None = None, binary: bool = False,
-                  binary_outputs: bool = False, outputs: list[str] | None = None,
-                  parameters: Mapping[str, Any] | None = None) -> tuple[bytes, dict[str, str]]:
-    """The body and extra headers of a V2 inference request."""
-    doc: dict[str, Any] = {}
-    if request_id is not None:
-        doc["id"] = request_id
-    params = dict(parameters or {})
-    if binary_outputs:
-        params["binary_data_output"] = True
-    if params:
-        doc["parameters"] = params
-    inputs: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
-    for name, array in tensors.items():
-        array = np.asarray(array)
-        if binary:
-            raw = encode_raw(array)
-            inputs.append({"name": name, "shape": list(array.shape), "datatype": datatype_of(array),
-                           "parameters": {"binary_data_size": len(raw)}})
-            blobs.append(raw)
-        else:
-            inputs.append(tensor_to_v2(name, array))
-    doc["inputs"] = inputs
-    if outputs is not None:
-        doc["outputs"] = [{"name": n, "parameters": {"binary_data": binary_outputs}} for n in outputs]
-    head = json.dumps(doc, separators=(",", ":")).encode()
-    if not blobs:
-        return head, {"Content-Type": "application/json"}
-    return head + b"".join(blobs), {"Content-Type": "application/octet-stream",
-                                    "Inference-Header-Content-Length": str(len(head))}
+        """The response's output tensors by name (JSON or binary); :class:`WireError` when they do not decode."""
+        return decode_response(self.body, self.headers.get(HEADER_LENGTH) or None)
 
 
 def _host_port(url: str) -> tuple[str, int]:
@@ -270,4 +200,4 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[V2Response, bool
     return V2Response(status, headers, body), headers.get("connection", "").lower() != "close"
 
 
-__all__ = ["AsyncHttpClient", "HttpClient", "HttpError", "V2Response", "build_request"]
+__all__ = ["AsyncHttpClient", "HttpClient", "HttpError", "V2Response"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,17 +24,6 @@ def prepare_to_drive(topology: Topology) -> None:
     for node in topology.nodes.values():
         node.component.prepare()
     settle()
-
-
-def load_sampler(topology: Topology) -> Callable[..., tuple[list[dict[str, np.ndarray]], list[Any]]]:
-    ref = topology.spec.sample
-    if not ref:
-        raise FlowserveError(f"topology '{topology.name}' has no 'sample' entry; add 'sample: module:function'")
-    module_name, _, attr = ref.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise FlowserveError(f"cannot load sampler '{ref}' of topology '{topology.name}': {exc}") from None
 
 
 @dataclass
@@ -94,7 +82,7 @@ def _prediction(reply: Reply) -> Any:
 async def run_sample(topology: Topology, kafka: KafkaSettings, n: int, *, concurrency: int = 4,
                      timeout_ms: int | None = None, sampler_kwargs: dict[str, Any] | None = None,
                      progress: Callable[[int], None] | None = None) -> SampleReport:
-    sampler = load_sampler(topology)
+    sampler = topology.sampler()
     inputs, labels = sampler(n, **(sampler_kwargs or {}))
     report = SampleReport(sent=0, ok=0, errors=0, timeouts=0, correct=0, labelled=0)
     async with TopologyClient(topology, kafka) as client:

@@ -14,16 +14,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from flowserve.errors import BrokerError, DeadlineExceeded, ErrorKind, WireError
-from flowserve.gateway.bridge import KafkaBridge, Outcome
-from flowserve.gateway.codec import HEADER_LENGTH, InferRequest, check_inputs, encode_response, parse_infer
+from flowserve.gateway.admission import check_inputs
+from flowserve.gateway.bridge import KafkaBridge
 from flowserve.gateway.health import ReadinessProbe
 from flowserve.gateway.server import HttpServer, Request, Response, error_response, json_response
 from flowserve.gateway.settings import GatewaySettings
+from flowserve.kafka.replies import Reply
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.heap import settle
 from flowserve.topology.graph import Topology
 from flowserve.wire.envelope import H_REPLY_TO, make_headers, new_request_id, new_traceparent, now_ms
 from flowserve.wire.tensors import encode_tensors
+from flowserve.wire.v2 import HEADER_LENGTH, InferRequest, encode_response, parse_infer
 
 log = logging.getLogger("flowserve.gateway")
 
@@ -222,18 +224,18 @@ class Gateway:
                                extra=extra)
         future = self.bridge.submit(topology, rid, value, headers, timeout_ms / 1000)
         try:
-            outcome: Outcome = await future
+            reply: Reply = await future
         except DeadlineExceeded as exc:
             return error_response(status_of(exc.kind), f"request '{rid}' to model '{topology.name}' got no reply "
                                                        f"within its deadline of {timeout_ms} ms", echo, exc.kind)
         except BrokerError as exc:
             return error_response(status_of(exc.kind), str(exc), echo, exc.kind)
-        if outcome.error is not None:
-            where = f" at node '{outcome.node}'" if outcome.node else ""
-            kind = outcome.error.kind
-            return error_response(status_of(kind), f"request '{rid}' failed{where}: {outcome.error.reason}", echo,
-                                  kind)
-        body, header_length = encode_response(topology.name, topology.version, rid, outcome.tensors, parsed)
+        failure = reply.failure
+        if failure is not None:
+            where = f" at node '{reply.node}'" if reply.node else ""
+            return error_response(status_of(failure.kind), f"request '{rid}' failed{where}: {failure.reason}", echo,
+                                  failure.kind)
+        body, header_length = encode_response(topology.name, topology.version, rid, reply.tensors, parsed)
         if header_length is None:
             return Response(200, body, headers=echo)
         return Response(200, body, "application/octet-stream",

@@ -10,9 +10,11 @@ Per step the worker calls, in order:
 1. :meth:`StageHooks.begin` before a batch's ``process`` (it may rewrite the requests' headers, e.g. a
    traceparent, before they are copied to the outputs);
 2. :meth:`StageHooks.end` after the batch's outputs are queued, with what ``process`` returned;
-3. :meth:`StageHooks.after_step` once per step, batch or not. Its answer gates the commit: True says
-   nothing the hook still owes for the batches so far is held back, so they may commit once their
-   records are acknowledged.
+3. :meth:`StageHooks.after_step` once per step, batch or not. Under load its answer gates the commit:
+   False says the hook still holds back records it owes for the batches so far (lineage being gathered
+   into one record, say), so their offsets wait for a later step. With ``force`` (idle, shutdown,
+   rebalance, the commit interval due) the hook must queue everything it holds: the worker commits
+   after that step whatever the answer.
 
 A hook writes records with :meth:`StageContext.emit`, into the worker's outbox: they are acknowledged
 with the batch's outputs, before its offsets commit (at-least-once for side records too).
@@ -82,9 +84,9 @@ class StageHooks:
         """After the batch's outputs are queued in the outbox."""
 
     def after_step(self, *, force: bool) -> bool:
-        """Once per step. ``force``: a commit may follow (idle, shutdown, or the commit interval is due),
-        so write everything held back. Returns False while something of the batches so far is held back
-        (their offsets must not commit yet)."""
+        """Once per step. ``force``: a commit follows this step (idle, shutdown, rebalance, or the commit
+        interval is due), so queue everything held back now. Returns False while records owed for the
+        batches so far are still held back (their offsets must not commit yet)."""
         return True
 
     def close(self) -> None:

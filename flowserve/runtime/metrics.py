@@ -96,7 +96,8 @@ class NodeMetrics:
             self._size.record(size)
             self._exec.record(seconds * 1000)
 
-    #: An OTel histogram record costs ~10 µs; a batch of thousands records this many evenly spaced samples.
+    #: An OTel histogram record is dear next to a request's work: a batch of thousands records this many
+    #: evenly spaced samples.
     WAIT_SAMPLES = 16
 
     def queue_wait(self, waits_ms: list[float]) -> None:

@@ -18,6 +18,7 @@ import math
 import os
 import tempfile
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any

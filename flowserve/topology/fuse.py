@@ -65,6 +65,7 @@ class Chain(Component):
         self.outputs = dict(members[-1].outputs)  # type: ignore[misc]
         self.max_batch = min(c.max_batch for c in members)  # type: ignore[misc]
         self.offload = any(c.offload for c in members)  # type: ignore[misc]
+        self._gather_hashes()
 
     @property
     def members(self) -> list[str]:
@@ -79,6 +80,9 @@ class Chain(Component):
             c.setup()
         # The chain runs where its device-bound member runs (one batch in flight per GPU).
         self.device = next((c.device for _, c in self.steps if c.device != "cpu"), "cpu")
+        self._gather_hashes()  # members that load weights in setup know their hash only now
+
+    def _gather_hashes(self) -> None:
         self.weights_hash = ",".join(c.weights_hash for _, c in self.steps if c.weights_hash) or None
 
     def close(self) -> None:

@@ -5,11 +5,15 @@ Validation runs once, at load time. Every error names the file and the node and 
 
 from __future__ import annotations
 
+import importlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
+
+import numpy as np
 
 from flowserve.component import Batch, Component, Port, load_component_class
 from flowserve.errors import ComponentError, FlowserveError, TopologyError
@@ -141,6 +145,18 @@ class Topology:
     def output_ports(self) -> dict[str, Port]:
         return {name: src.port or Port("BYTES", (-1,)) for name, src in self.outputs.items()}
 
+    def sampler(self) -> Callable[..., tuple[list[dict[str, np.ndarray]], list[Any]]]:
+        """The topology's ``sample:`` function (``module:function``): ``sampler(n)`` gives ``n`` sample
+        requests and their labels (``flowserve run --sample``, profiling, benches)."""
+        ref = self.spec.sample
+        if not ref:
+            raise FlowserveError(f"topology '{self.name}' has no 'sample' entry; add 'sample: module:function'")
+        module_name, _, attr = ref.partition(":")
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise FlowserveError(f"cannot load sampler '{ref}' of topology '{self.name}': {exc}") from None
+
     @cached_property
     def critical_path(self) -> frozenset[str]:
         """The nodes some of whose outputs reach the topology's ``outputs``, directly or transitively.
@@ -182,6 +198,7 @@ class Collect(Component):
 
 def _parse_ref(ref: str, spec: TopologySpec, nodes: dict[str, Component], node_id: str, source: str) -> Source:
     parts = ref.split(".")
+    base = names.base(spec.prefix, spec.name)
     if len(parts) == 2 and parts[0] == "input":
         tensor = parts[1]
         declared = spec.inputs.get(tensor)
@@ -192,7 +209,7 @@ def _parse_ref(ref: str, spec: TopologySpec, nodes: dict[str, Component], node_i
                 f"(declared: {', '.join(spec.inputs)})",
                 source=source, node=node_id,
             )
-        return Source(names.inputs_topic(names.base(spec.prefix, spec.name)), tensor, None, ref, port)
+        return Source(names.inputs_topic(base), tensor, None, ref, port)
     if len(parts) == 2:
         upstream, port_name = parts
         if upstream not in nodes:
@@ -207,8 +224,7 @@ def _parse_ref(ref: str, spec: TopologySpec, nodes: dict[str, Component], node_i
                 f"(its outputs: {', '.join(ports) or 'none'})",
                 source=source, node=node_id,
             )
-        return Source(names.edge_topic(names.base(spec.prefix, spec.name), upstream, port_name), port_name, upstream, ref,
-                      ports[port_name])
+        return Source(names.edge_topic(base, upstream, port_name), port_name, upstream, ref, ports[port_name])
     if len(parts) == 3 and parts[1] == "outputs":
         other, _, tensor = parts
         return Source(names.outputs_topic(names.base(spec.prefix, other)), tensor, None, ref)
@@ -374,6 +390,7 @@ def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
         consumed.update((src.node, src.tensor) for src in outputs.values() if src.node)
     captured = captured_ports(spec, {n: list(c.outputs) for n, c in components.items()}, consumed, source)
     nodes: dict[str, Node] = {}
+    base = names.base(spec.prefix, spec.name)
     for node_id in order:
         node_spec = spec.nodes[node_id]
         component = components[node_id]
@@ -385,7 +402,7 @@ def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
             join=node_spec.join,
             max_batch=node_spec.max_batch or component.max_batch,
             replicas=node_spec.replicas,
-            output_topics={p: names.edge_topic(names.base(spec.prefix, spec.name), node_id, p) for p in component.outputs
+            output_topics={p: names.edge_topic(base, node_id, p) for p in component.outputs
                            if (node_id, p) in consumed},
             emits_outputs={name: src.tensor for name, src in outputs.items()} if node_id == single else {},
             capture_topics=captured.get(node_id, {}),

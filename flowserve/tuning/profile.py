@@ -48,9 +48,8 @@ def sample_inputs(topology: Topology, n: int) -> dict[str, dict[str, np.ndarray]
     """Per node, ``n`` requests' worth of realistic inputs (empty when the topology has no sampler)."""
     if not topology.spec.sample:
         return {}
-    from flowserve.client.traffic import load_sampler
 
-    requests, _ = load_sampler(topology)(n)
+    requests, _ = topology.sampler()(n)
     if not requests:
         return {}
     inputs = {name: np.concatenate([r[name] for r in requests]) for name in requests[0]}

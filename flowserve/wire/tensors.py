@@ -85,6 +85,17 @@ def _encode_bytes_payload(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
+def encode_payload(array: np.ndarray, datatype: str | None = None) -> bytes:
+    """One tensor's payload: row-major little-endian values; for BYTES a u32 length before each element.
+
+    This is also the raw layout of the V2 binary tensor data extension (:func:`flowserve.wire.v2.encode_raw`).
+    """
+    datatype = datatype or datatype_of(array)
+    if datatype == "BYTES":
+        return _encode_bytes_payload(array)
+    return array.astype(DATATYPES[datatype], copy=False).tobytes()
+
+
 _PREFIXES: dict[tuple[str, str, int], bytes] = {}
 
 
@@ -112,10 +123,7 @@ def encode_tensors(tensors: Mapping[str, np.ndarray]) -> bytes:
     for name, array in tensors.items():
         datatype = datatype_of(array)
         prefix = _prefix(name, datatype, array.ndim)
-        if datatype == "BYTES":
-            payload = _encode_bytes_payload(array)
-        else:
-            payload = array.astype(DATATYPES[datatype], copy=False).tobytes()
+        payload = encode_payload(array, datatype)
         parts.append(prefix)
         parts.append(struct.pack(f"<{array.ndim}qQ", *array.shape, len(payload)))
         parts.append(payload)

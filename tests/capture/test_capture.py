@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from flowserve.capture import sample_point, tracing
+from flowserve.capture import capture_hooks, sample_point, tracing
 from flowserve.capture.drift import drift_state
 from flowserve.capture.inspect import inspect_records
 from flowserve.capture.lineage import expand, lineage
@@ -48,7 +48,7 @@ async def test_inspect_returns_the_exact_tensors_of_a_request_at_every_node(kafk
     assert topology.nodes["b"].capture_topics == {"x": f"fs.{unique_name}.b.x"}  # nobody reads b.x
     rng = np.random.default_rng(0)
     xs = {f"req-{i}": rng.normal(size=(1 + i % 3, 4)).astype(np.float32) for i in range(12)}
-    async with InlineHost(topology, kafka), TopologyClient(topology, kafka) as client:
+    async with InlineHost(topology, kafka, hooks=capture_hooks), TopologyClient(topology, kafka) as client:
         await wait_ready(client, {"x": np.zeros((1, 4), np.float32)})
         await _send(client, xs)
     for rid, x in xs.items():
@@ -69,7 +69,7 @@ async def test_inspect_returns_the_exact_tensors_of_a_request_at_every_node(kafk
 async def test_sampling_picks_the_same_requests_at_every_node(kafka, unique_name) -> None:
     topology = load_topology_text(CHAIN.replace("NAME", unique_name).replace("SAMPLE", "0.5"))
     xs = {f"s-{i}": np.full((1, 4), i, np.float32) for i in range(40)}
-    async with InlineHost(topology, kafka), TopologyClient(topology, kafka) as client:
+    async with InlineHost(topology, kafka, hooks=capture_hooks), TopologyClient(topology, kafka) as client:
         await wait_ready(client, {"x": np.zeros((1, 4), np.float32)}, timeout_s=120)
         await _send(client, xs)
     expected = {rid for rid in xs if sample_point(rid) < 0.5}
@@ -114,7 +114,7 @@ async def test_lineage_names_every_node_a_request_passed_and_spans_share_its_tra
                                                                                    which: str) -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from components.digits import sample
+    from flowserve_components.digits import sample
 
     exporter = InMemorySpanExporter()
     tracing.use_exporter(exporter)
@@ -124,7 +124,7 @@ async def test_lineage_names_every_node_a_request_passed_and_spans_share_its_tra
     requests, _ = sample(24, seed=3)
     xs = {f"{which}-{i}": r["pixels"] for i, r in enumerate(requests)}
     try:
-        async with InlineHost(topology, kafka), TopologyClient(topology, kafka) as client:
+        async with InlineHost(topology, kafka, hooks=capture_hooks), TopologyClient(topology, kafka) as client:
             await wait_ready(client, requests[0], timeout_s=120)
             await _send(client, xs, "pixels")
     finally:
@@ -165,23 +165,23 @@ async def test_lineage_names_every_node_a_request_passed_and_spans_share_its_tra
 
 
 async def test_drift_detector_on_a_shifted_stream(kafka, unique_name) -> None:
-    from components.digits import sample
+    from flowserve_components.digits import sample
 
     pytest.importorskip("alibi_detect")
     topology = load_topology_text(f"""
 name: {unique_name}
 partitions: 2
 nodes:
-  pre: {{component: components.digits:Normalize, inputs: {{pixels: input.pixels}}}}
+  pre: {{component: flowserve_components.digits:Normalize, inputs: {{pixels: input.pixels}}}}
   input_drift:
-    component: components.drift:FeatureDrift
-    params: {{window: 50, reference: "components.drift:digits_reference"}}
+    component: flowserve_components.drift:FeatureDrift
+    params: {{window: 50, reference: "flowserve_components.drift:digits_reference"}}
     inputs: {{x: pre.x}}
 outputs: {{x: pre.x}}
 """)
     requests, _ = sample(150, seed=5, shift="noise", amount=0.5)
     xs = {f"d-{i}": r["pixels"] for i, r in enumerate(requests)}
-    async with InlineHost(topology, kafka), TopologyClient(topology, kafka) as client:
+    async with InlineHost(topology, kafka, hooks=capture_hooks), TopologyClient(topology, kafka) as client:
         await wait_ready(client, requests[0], timeout_s=120)
         futures = [client.expect(rid) for rid in xs]
         for rid, x in xs.items():

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from components.digits import PIXEL_MAX, sample
-from components.drift import CategoricalDrift, FeatureDrift, OutputDrift, digits_reference
 from flowserve.component import Batch
 from flowserve.errors import ComponentError
+from flowserve_components.digits import PIXEL_MAX, sample
+from flowserve_components.drift import CategoricalDrift, FeatureDrift, OutputDrift, digits_reference
 
 pytest.importorskip("alibi_detect")
 
@@ -32,7 +32,7 @@ def _digits(n: int, seed: int, shift: str | None = None, amount: float = 0.0) ->
 
 @pytest.fixture(scope="module")
 def ks_digits() -> FeatureDrift:
-    d = FeatureDrift.configure({"window": 100, "reference": "components.drift:digits_reference",
+    d = FeatureDrift.configure({"window": 100, "reference": "flowserve_components.drift:digits_reference",
                                 "catch_up_windows": 0, "max_pending": 0}, node="d")
     d.setup()
     return d  # type: ignore[return-value]
@@ -41,7 +41,7 @@ def ks_digits() -> FeatureDrift:
 @pytest.mark.parametrize(("method", "amount"), [("ks", 0.5), ("mmd", 2.0)])
 def test_shifted_digits_are_detected_within_three_windows(method: str, amount: float) -> None:
     d = FeatureDrift.configure({"method": method, "window": 100, "n_permutations": 50,
-                                "reference": "components.drift:digits_reference"}, node="d")
+                                "reference": "flowserve_components.drift:digits_reference"}, node="d")
     d.setup()
     d.process(_batch(_digits(300, seed=7, shift="noise", amount=amount)))
     reports = _reports(d)
@@ -183,7 +183,7 @@ def test_windows_beyond_max_pending_are_skipped_not_queued() -> None:
 @pytest.mark.parametrize(("n_ref", "n", "tied"), [(1000, 100, True), (300, 100, False), (50, 120, False),
                                                   (200, 37, True)])
 def test_ks_feature_scores_equal_scipy_per_feature(n_ref: int, n: int, tied: bool) -> None:
-    from components.drift import ks_feature_scores
+    from flowserve_components.drift import ks_feature_scores
 
     rng = np.random.default_rng(n_ref + n)
     if tied:  # pixel-like: few distinct values, many ties within and across the samples
@@ -202,7 +202,7 @@ def test_ks_feature_scores_equal_scipy_per_feature(n_ref: int, n: int, tied: boo
 def test_the_ks_detector_decides_as_alibi_detects_own() -> None:
     import alibi_detect.cd as cd
 
-    from components.drift import _ks_detector
+    from flowserve_components.drift import _ks_detector
 
     ref = digits_reference().astype(np.float32)
     ours, theirs = _ks_detector(cd)(ref, p_val=0.05), cd.KSDrift(ref, p_val=0.05)
@@ -215,7 +215,7 @@ def test_the_ks_detector_decides_as_alibi_detects_own() -> None:
 
 
 def test_window_tests_rest_to_keep_to_their_cpu_share(monkeypatch: pytest.MonkeyPatch) -> None:
-    import components.drift as drift
+    import flowserve_components.drift as drift
 
     clock = {"cpu": 0.0, "now": 100.0}
     slept: list[float] = []

@@ -1,35 +1,19 @@
-"""Fixtures for the component library: a model cache trained once per session, batch helpers."""
+"""Fixtures for the component library: a model cache trained once per session (batch helpers: tests/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 
-from flowserve.component import Batch, Component
-
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _make_batch(sizes: list[int], **tensors: np.ndarray) -> Batch:
-    for name, array in tensors.items():
-        assert len(array) == sum(sizes), f"tensor {name} has {len(array)} rows, sizes add up to {sum(sizes)}"
-    return Batch(dict(tensors), list(sizes), [f"r{i}" for i in range(len(sizes))])
-
-
-@pytest.fixture
-def make_batch() -> Callable[..., Batch]:
-    """``make_batch(sizes, **tensors)``: a batch of requests r0, r1, ... whose rows are ``tensors``."""
-    return _make_batch
 
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, float]]:
     """Every zoo model, trained once into a session-wide cache: (cache dir, held-out accuracies)."""
-    from components import models
+    from flowserve_components import models
 
     cache = tmp_path_factory.mktemp("flowserve-cache")
     with pytest.MonkeyPatch.context() as mp:
@@ -60,15 +44,3 @@ def torch_threads() -> Iterator[None]:
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
-
-
-def _configure(cls: type[Component], params: dict[str, Any] | None = None, node: str = "test") -> Component:
-    component = cls.configure(params or {}, node=node)
-    assert type(component) is cls
-    return component
-
-
-@pytest.fixture
-def configure() -> Callable[..., Any]:
-    """``configure(cls, params, node)``: ``cls.configure`` checked to return a ``cls``."""
-    return _configure

@@ -75,25 +75,25 @@ def test_every_topology_loads_without_torch() -> None:
 def test_digits_wiring() -> None:
     t = load_topology(TOPOLOGIES / "digits.yaml")
     assert _nodes(t) == {
-        "pre": ("components.digits:Normalize", {"pixels": ["input.pixels"]}),
-        "model": ("components.torch_stage:TorchClassifier", {"x": ["pre.x"]}),
-        "post": ("components.postprocess:ArgMax", {"logits": ["model.logits"]}),
+        "pre": ("flowserve_components.digits:Normalize", {"pixels": ["input.pixels"]}),
+        "model": ("flowserve_components.torch_stage:TorchClassifier", {"x": ["pre.x"]}),
+        "post": ("flowserve_components.postprocess:ArgMax", {"logits": ["model.logits"]}),
     }
     assert t.nodes["model"].component.params.model_dump()["model"] == "digits-mlp"
     assert t.nodes["post"].emits_outputs == {"label": "label", "probs": "probs"}
     assert {name: (p.datatype, p.shape) for name, p in t.inputs.items()} == {"pixels": ("FP32", (-1, 64))}
-    assert t.spec.sample == "components.digits:sample"
+    assert t.spec.sample == "flowserve_components.digits:sample"
 
 
 def test_cascade_wiring() -> None:
     t = load_topology(TOPOLOGIES / "cascade.yaml")
     nodes = _nodes(t)
     assert nodes["router"] == (
-        "components.routing:ConfidenceRouter", {"probs": ["fast_probs.probs"], "x": ["pre.x"]}
+        "flowserve_components.routing:ConfidenceRouter", {"probs": ["fast_probs.probs"], "x": ["pre.x"]}
     )
-    assert nodes["cnn"] == ("components.torch_stage:TorchClassifier", {"x": ["router.unsure_x"]})
+    assert nodes["cnn"] == ("flowserve_components.torch_stage:TorchClassifier", {"x": ["router.unsure_x"]})
     assert nodes["final"] == (
-        "components.postprocess:ArgMax", {"probs": ["router.confident_probs", "cnn_probs.probs"]}
+        "flowserve_components.postprocess:ArgMax", {"probs": ["router.confident_probs", "cnn_probs.probs"]}
     )
     assert t.nodes["final"].join.type == "any"
     assert t.nodes["router"].join.type == "inner" and t.nodes["router"].needs_join
@@ -106,7 +106,9 @@ def test_ensemble_wiring() -> None:
     t = load_topology(TOPOLOGIES / "ensemble.yaml")
     nodes = _nodes(t)
     assert nodes["mlp"][1] == nodes["cnn"][1] == {"x": ["pre.x"]}
-    assert nodes["avg"] == ("components.ensemble:Average", {"a": ["mlp_probs.probs"], "b": ["cnn_probs.probs"]})
+    assert nodes["avg"] == (
+        "flowserve_components.ensemble:Average", {"a": ["mlp_probs.probs"], "b": ["cnn_probs.probs"]}
+    )
     assert t.nodes["avg"].join.type == "inner" and t.nodes["avg"].needs_join
     assert set(t.outputs) == {"label", "probs"}
 

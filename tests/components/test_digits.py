@@ -3,9 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from components import digits
-from components.digits import Normalize, load_split, sample
 from flowserve.component import Port
+from flowserve_components import digits
+from flowserve_components.digits import Normalize, load_split, sample
 
 
 def test_split_is_fixed_and_disjoint() -> None:

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from components.ensemble import Average, Softmax
-from components.postprocess import softmax
 from flowserve.component import Port
+from flowserve_components.ensemble import Average, Softmax
+from flowserve_components.postprocess import softmax
 
 
 def test_softmax_component(configure, make_batch) -> None:

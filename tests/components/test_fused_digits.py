@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.digits import sample
 from flowserve.client import TopologyClient
 from flowserve.component import Batch
 from flowserve.kafka.settings import KafkaSettings
@@ -19,6 +18,7 @@ from flowserve.runtime.host import InlineHost
 from flowserve.topology import Topology, load_topology
 from flowserve.topology.fuse import Chain
 from flowserve.topology.graph import compile_spec
+from flowserve_components.digits import sample
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 N = 40

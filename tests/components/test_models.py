@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components import models
-from components.digits import load_split
 from flowserve.errors import ComponentError
+from flowserve_components import models
+from flowserve_components.digits import load_split
 
 REPO = Path(__file__).resolve().parents[2]
 MIN_ACCURACY = {"digits-mlp": 0.95, "digits-mlp-small": 0.93, "digits-cnn": 0.97}
@@ -31,8 +31,9 @@ def _run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_importing_the_library_does_not_import_torch() -> None:
     code = (
-        "import sys, components, components.models, components.torch_stage, components.digits, "
-        "components.postprocess, components.routing, components.ensemble, components.basic\n"
+        "import sys, flowserve.builtin, flowserve_components, flowserve_components.models, "
+        "flowserve_components.torch_stage, flowserve_components.digits, flowserve_components.postprocess, "
+        "flowserve_components.routing, flowserve_components.ensemble\n"
         "heavy = sorted(m for m in ('torch', 'sklearn') if m in sys.modules)\n"
         "assert not heavy, heavy"
     )
@@ -113,7 +114,7 @@ def test_train_all_reports_cached_models(model_cache: Path, trained, capsys: pyt
 def test_load_trains_a_missing_model_once_across_processes(empty_cache: Path) -> None:
     code = (
         "import hashlib\n"
-        "from components import models\n"
+        "from flowserve_components import models\n"
         "model, digest = models.load_with_hash('digits-mlp-small', 'cpu')\n"
         "print('hash', digest)\n"
     )

@@ -3,9 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from components.postprocess import ArgMax, TopK, softmax
 from flowserve.component import Port
 from flowserve.errors import ComponentError
+from flowserve_components.postprocess import ArgMax, TopK, softmax
 
 
 def test_softmax_is_stable_and_normalised() -> None:

@@ -3,9 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from components.routing import ConfidenceRouter
 from flowserve.component import Port, Result
 from flowserve.errors import ComponentError
+from flowserve_components.routing import ConfidenceRouter
 
 
 def _probs(tops: list[float]) -> np.ndarray:

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components import models
-from components.digits import PIXEL_MAX, load_split
-from components.torch_stage import TorchClassifier
 from flowserve.component import Component, Port
 from flowserve.errors import ComponentError
+from flowserve_components import models
+from flowserve_components.digits import PIXEL_MAX, load_split
+from flowserve_components.torch_stage import TorchClassifier
 
 pytestmark = pytest.mark.usefixtures("torch_threads")
 
@@ -106,11 +106,13 @@ def test_weights_hash_for_lineage(model_cache: Path) -> None:
     component = TorchClassifier.configure({"model": "digits-cnn"}, node="cnn")
     assert isinstance(component, TorchClassifier)
     assert component.weights_hash is None
-    assert component.describe() == "components.torch_stage:TorchClassifier(model=digits-cnn)"
+    assert component.describe() == "flowserve_components.torch_stage:TorchClassifier(model=digits-cnn)"
     component.setup()
     digest = hashlib.sha256(models.model_path("digits-cnn").read_bytes()).hexdigest()
     assert component.weights_hash == digest
-    assert component.describe() == f"components.torch_stage:TorchClassifier(model=digits-cnn, weights=sha256:{digest})"
+    assert component.describe() == (
+        f"flowserve_components.torch_stage:TorchClassifier(model=digits-cnn, weights=sha256:{digest})"
+    )
 
 
 def test_user_torchscript_path(model_cache: Path, tmp_path: Path, make_batch) -> None:

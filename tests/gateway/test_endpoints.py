@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from flowserve.client.http import HttpClient, build_request
+from flowserve.client.http import HttpClient
+from flowserve.wire.v2 import build_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -161,7 +162,7 @@ async def test_malformed_requests_are_400(echo, body: bytes, message: str) -> No
     gateway, client = echo
     reply = await client.request("POST", f"/v2/models/{next(iter(gateway.models))}/infer", body)
     assert reply.status == 400 and message in reply.error
-    assert set(reply.json()) == {"error"}
+    assert reply.json() == {"error": reply.error, "kind": "invalid_input"}
 
 
 def _with(**override: np.ndarray) -> dict[str, np.ndarray]:

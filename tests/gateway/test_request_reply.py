@@ -23,7 +23,7 @@ name: NAME
 partitions: 2
 deadline_ms: 30000
 nodes:
-  a: {component: components.basic:Identity, params: {ports: {x: {datatype: FP32, shape: [-1, 4]}}},
+  a: {component: flowserve.builtin:Identity, params: {ports: {x: {datatype: FP32, shape: [-1, 4]}}},
       inputs: {x: input.x}}
 outputs: {x: a.x}
 """
@@ -33,9 +33,9 @@ name: NAME
 partitions: 2
 deadline_ms: 30000
 nodes:
-  check: {component: components.basic:Fail, params: {ports: {x: {datatype: FP32, shape: [-1, 4], allow_nan: false}},
+  check: {component: flowserve.builtin:Fail, params: {ports: {x: {datatype: FP32, shape: [-1, 4], allow_nan: false}},
           value: -1.0}, inputs: {x: input.x}}
-  crash: {component: components.basic:Fail, params: {ports: {x: {datatype: FP32, shape: [-1, 4]}}, value: -2.0,
+  crash: {component: flowserve.builtin:Fail, params: {ports: {x: {datatype: FP32, shape: [-1, 4]}}, value: -2.0,
           mode: raise}, inputs: {x: check.x}}
 outputs: {x: crash.x}
 """
@@ -57,7 +57,7 @@ async def test_deadline_is_504_at_the_deadline_and_not_ready_without_workers(bro
                 client.infer(topology.name, X, headers={"X-Timeout-Ms": "300"}),
             )
         for reply in (by_param, by_header):
-            assert reply.status == 504
+            assert (reply.status, reply.json()["kind"]) == (504, "deadline")
             assert "got no reply within its deadline of 300 ms" in reply.error
         assert gateway.bridge.counters.timeouts == 2 and gateway.bridge.in_flight() == 0
 
@@ -91,9 +91,14 @@ async def test_error_results_map_to_400_and_500(broker) -> None:
         assert ok.status == 200
         np.testing.assert_array_equal(ok.outputs()["x"], X["x"])
         # (fs-node names the node that wrote the error result, which is the last one it passed through)
-        assert refused.status == 400 and "Fail: row 0 holds -1.0 on 'x'" in refused.error
-        assert crashed.status == 500 and "at node 'crash'" in crashed.error and "process failed" in crashed.error
-        assert nan.status == 400 and "does not accept NaN" in nan.error  # checked by the gateway itself
+        # The status follows the failure's kind, carried from the worker's process in a header; the text is
+        # for people.
+        assert (refused.status, refused.json()["kind"]) == (400, "invalid_input")
+        assert "Fail: row 0 holds -1.0 on 'x'" in refused.error
+        assert (crashed.status, crashed.json()["kind"]) == (500, "component_failure")
+        assert "at node 'crash'" in crashed.error and "process failed" in crashed.error
+        assert (nan.status, nan.json()["kind"]) == (400, "invalid_input")  # checked by the gateway itself
+        assert "does not accept NaN" in nan.error
         assert gateway.bridge.counters.errors == 2
 
 

@@ -1,51 +1,34 @@
-"""Broker-free parts of the gateway: status mapping, the V2 codec, the HTTP server's framing."""
+"""Broker-free parts of the gateway: status mapping, the HTTP server's framing (the V2 codec: tests/wire)."""
 
 from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
 
-from flowserve.client.http import build_request
-from flowserve.errors import WireError
+from flowserve.errors import ErrorKind
 from flowserve.gateway import status_of
-from flowserve.gateway.codec import InferRequest, encode_response, parse_infer
+from flowserve.gateway.app import STATUS
 from flowserve.gateway.server import HttpServer, Request, Response, json_response
 
 
-@pytest.mark.parametrize(("reason", "status"), [
-    ("deadline exceeded before node 'b'", 504),
-    ("node 'outputs': inner join window of 5000 ms closed before every input arrived", 504),
-    ("Fail.process failed: RuntimeError('boom')", 500),
-    ("node 'a' revisited more than 3 times", 500),
-    ("record of 9000 bytes exceeds max_message_bytes 4096", 413),
-    ("port 'x' takes FP32, got int32", 400),
-    ("Fail: row 0 holds -1.0 on 'x'", 400),
+@pytest.mark.parametrize(("kind", "status"), [
+    (ErrorKind.DEADLINE, 504),
+    (ErrorKind.JOIN_TIMEOUT, 504),
+    (ErrorKind.COMPONENT_FAILURE, 500),
+    (ErrorKind.REVISIT_LIMIT, 500),
+    (ErrorKind.OVERSIZE, 413),
+    (ErrorKind.INVALID_INPUT, 400),
+    (ErrorKind.REFUSED, 400),
+    (ErrorKind.UNAVAILABLE, 503),
+    (ErrorKind.UNKNOWN, 500),
 ])
-def test_status_of_error_results(reason: str, status: int) -> None:
-    assert status_of(reason) == status
+def test_status_of_error_kinds(kind: ErrorKind, status: int) -> None:
+    assert status_of(kind) == status
 
 
-def test_binary_request_round_trip_and_errors() -> None:
-    tensors = {"a": np.arange(6, dtype=np.int16).reshape(2, 3), "b": np.array([b"x", b""], dtype=object)}
-    body, headers = build_request(tensors, binary=True, request_id="r")
-    parsed = parse_infer(body, headers["Inference-Header-Content-Length"])
-    assert parsed.id == "r"
-    np.testing.assert_array_equal(parsed.tensors["a"], tensors["a"])
-    assert list(parsed.tensors["b"]) == [b"x", b""]
-    with pytest.raises(WireError, match="does not fit a body"):
-        parse_infer(body, str(len(body) + 1))
-    with pytest.raises(WireError, match="stray|after the last binary input"):
-        parse_infer(body + b"\x00", headers["Inference-Header-Content-Length"])
-    with pytest.raises(WireError, match="not valid JSON"):
-        parse_infer(b"{", None)
-
-
-def test_binary_response_layout() -> None:
-    out = {"y": np.array([[1.5, 2.5]], np.float32)}
-    body, n = encode_response("m", "1", "r", out, InferRequest("r", {}, {}, binary_outputs=True))
-    assert n is not None and body[n:] == out["y"].tobytes()
+def test_every_error_kind_has_a_status() -> None:
+    assert set(STATUS) == set(ErrorKind)
 
 
 async def _raw(port: int, data: bytes) -> bytes:

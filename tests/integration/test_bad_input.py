@@ -11,9 +11,10 @@ from aiokafka import AIOKafkaConsumer
 
 from flowserve.client import TopologyClient
 from flowserve.client.traffic import wait_ready
+from flowserve.errors import ErrorKind
 from flowserve.runtime.host import InlineHost
 from flowserve.topology import load_topology
-from flowserve.wire.envelope import H_ERROR, H_NODE
+from flowserve.wire.envelope import H_ERROR, H_ERROR_KIND, H_NODE
 from flowserve.wire.tensors import encode_tensors
 
 pytestmark = pytest.mark.integration
@@ -31,31 +32,36 @@ outputs: {y: add.x}
 
 GOOD = np.ones((1, 4), np.float32)
 BAD = {
-    "malformed": (b"\x00garbage that is no frame", "not a flowserve tensor frame"),
-    "truncated": (encode_tensors({"x": GOOD})[:-3], "runs past the frame"),
-    "datatype": (encode_tensors({"x": np.ones((1, 4), np.int32)}), "takes FP32, got int32"),
-    "shape": (encode_tensors({"x": np.ones((1, 5), np.float32)}), "takes shape [-1, 4], got [1, 5]"),
-    "rank": (encode_tensors({"x": np.ones((4,), np.float32)}), "takes shape [-1, 4], got [4]"),
-    "name": (encode_tensors({"pixels": GOOD}), "no tensor 'x'"),
-    "nan": (encode_tensors({"x": np.array([[1, np.nan, 3, 4]], np.float32)}), "does not accept NaN"),
-    "oversize": (encode_tensors({"x": np.ones((300, 4), np.float32)}), "exceeds max_message_bytes 4096"),
+    "malformed": (b"\x00garbage that is no frame", "not a flowserve tensor frame", ErrorKind.INVALID_INPUT),
+    "truncated": (encode_tensors({"x": GOOD})[:-3], "runs past the frame", ErrorKind.INVALID_INPUT),
+    "datatype": (encode_tensors({"x": np.ones((1, 4), np.int32)}), "takes FP32, got int32", ErrorKind.INVALID_INPUT),
+    "shape": (encode_tensors({"x": np.ones((1, 5), np.float32)}), "takes shape [-1, 4], got [1, 5]",
+              ErrorKind.INVALID_INPUT),
+    "rank": (encode_tensors({"x": np.ones((4,), np.float32)}), "takes shape [-1, 4], got [4]",
+             ErrorKind.INVALID_INPUT),
+    "name": (encode_tensors({"pixels": GOOD}), "no tensor 'x'", ErrorKind.INVALID_INPUT),
+    "nan": (encode_tensors({"x": np.array([[1, np.nan, 3, 4]], np.float32)}), "does not accept NaN",
+            ErrorKind.INVALID_INPUT),
+    "oversize": (encode_tensors({"x": np.ones((300, 4), np.float32)}), "exceeds max_message_bytes 4096",
+                 ErrorKind.OVERSIZE),
     "json": (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2]}]}',
-             "needs 4 values"),
+             "needs 4 values", ErrorKind.INVALID_INPUT),
 }
 
 
-async def _dead_letters(kafka, topic: str, expect: int) -> dict[str, tuple[str, str]]:
+async def _dead_letters(kafka, topic: str, expect: int) -> dict[str, tuple[str, str, ErrorKind]]:
     consumer = AIOKafkaConsumer(topic, group_id=None, auto_offset_reset="earliest", fetch_max_wait_ms=5,
                                 **kafka.client_kwargs())
     await consumer.start()
-    out: dict[str, tuple[str, str]] = {}
+    out: dict[str, tuple[str, str, ErrorKind]] = {}
     try:
         deadline = asyncio.get_running_loop().time() + 60
         while len(out) < expect and asyncio.get_running_loop().time() < deadline:
             for records in (await consumer.getmany(timeout_ms=200)).values():
                 for rec in records:
                     h = dict(rec.headers)
-                    out[rec.key.decode()] = (h[H_ERROR].decode(), h[H_NODE].decode())
+                    kind = ErrorKind(h[H_ERROR_KIND].decode())
+                    out[rec.key.decode()] = (h[H_ERROR].decode(), h[H_NODE].decode(), kind)
     finally:
         await consumer.stop()
     return out
@@ -69,7 +75,7 @@ async def test_bad_records_are_dead_lettered_and_the_rest_flow(kafka, write_topo
         sent = 0
         # Interleave good and bad records in the same batches.
         for round_ in range(3):
-            for kind, (value, _) in BAD.items():
+            for kind, (value, _, _) in BAD.items():
                 for rid, raw in ((f"good-{round_}-{kind}", None), (f"bad-{round_}-{kind}", value)):
                     futures[rid] = client.expect(rid)
                     await client.queue({"x": GOOD * sent}, request_id=rid, raw_value=raw)
@@ -87,14 +93,16 @@ async def test_bad_records_are_dead_lettered_and_the_rest_flow(kafka, write_topo
         letters = await _dead_letters(kafka, topology.deadletter_topic, len(failed))
         assert set(letters) == set(failed)
         assert len(delivered) + len(letters) == sent
-        for rid, (reason, node) in letters.items():
+        for rid, (reason, node, error_kind) in letters.items():
             kind = rid.split("-", 2)[2]
             assert BAD[kind][1] in reason, (rid, reason)
+            assert error_kind == BAD[kind][2], (rid, error_kind)
             assert node == "check"
             assert BAD[kind][1] in failed[rid]  # the caller's error result says the same
 
         check = next(w for w in host.workers if w.node.id == "check")
         assert check.counters.dead_lettered == len(letters)
+        assert check.counters.dead_letter_reasons == {"invalid_input": len(letters) - 3, "oversize": 3}
         assert all(not t.done() for t in host._tasks)  # every worker still running
 
         # And it keeps going after all that.
@@ -125,5 +133,5 @@ async def test_a_result_that_breaks_the_declaration_fails_its_request_only(kafka
         assert {rid for rid, r in replies.items() if r.error is not None} == {"r7"}
         assert "mask of 'x' has shape [0], expected [1]" in str(replies["r7"].error)
         letters = await _dead_letters(kafka, topology.deadletter_topic, 1)
-        assert set(letters) == {"r7"} and letters["r7"][1] == "short"
+        assert set(letters) == {"r7"} and letters["r7"][1:] == ("short", ErrorKind.COMPONENT_FAILURE)
         assert all(not t.done() for t in host._tasks)  # the worker survived it

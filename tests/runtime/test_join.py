@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from flowserve.errors import ErrorKind, Failure
 from flowserve.runtime.join import JoinBuffer, Ready
 from flowserve.topology import Node, load_topology_text
-from flowserve.wire.envelope import H_DEADLINE, H_ERROR, H_ID, Envelope
+from flowserve.wire.envelope import H_DEADLINE, H_ERROR, H_ERROR_KIND, H_ID, Envelope
 
 COMPONENTS_DIR = Path(__file__).resolve().parents[1] / "topology"  # fs_test_components.py
 LEFT, RIGHT, MID = "fs.j.left.y", "fs.j.right.y", "fs.j.mid.y"
@@ -57,6 +58,7 @@ def env(request_id: str, value: float, *, deadline: int | None = None, error: st
         hdrs[H_DEADLINE] = str(deadline).encode()
     if error is not None:
         hdrs[H_ERROR] = error.encode()
+        hdrs[H_ERROR_KIND] = ErrorKind.COMPONENT_FAILURE.value.encode()
     return Envelope(request_id, {} if error else {"y": np.full((1, 4), value, dtype=np.float32)}, hdrs)
 
 
@@ -101,7 +103,8 @@ def test_inner_join_window_expiry_names_the_missing_topic() -> None:
     assert buf.expire(1099) == []
     (ready,) = buf.expire(1100)
     assert ready.request_id == "r1" and ready.partition == 1 and ready.tensors == {}
-    assert ready.error == f"node 'merge3': inner join window of 100 ms closed without input from {RIGHT}"
+    assert ready.error == Failure(ErrorKind.JOIN_TIMEOUT,
+                                  f"node 'merge3': inner join window of 100 ms closed without input from {RIGHT}")
     assert len(buf) == 0
     assert add(buf, "r1", RIGHT, now=1200) is None  # the late input is dropped
     assert len(buf) == 0
@@ -113,11 +116,12 @@ def test_expire_closes_only_the_joins_whose_window_passed() -> None:
     add(buf, "late", RIGHT, now=60)
     (first,) = buf.expire(100)
     assert first.request_id == "early"
-    assert first.error is not None and first.error.endswith(f"without input from {RIGHT}")
+    assert first.error is not None and first.error.kind == ErrorKind.JOIN_TIMEOUT
+    assert first.error.reason.endswith(f"without input from {RIGHT}")
     assert len(buf) == 1
     (second,) = buf.expire(160)
     assert second.request_id == "late"
-    assert second.error is not None and second.error.endswith(f"without input from {LEFT}")
+    assert second.error is not None and second.error.reason.endswith(f"without input from {LEFT}")
 
 
 def test_outer_join_expiry_with_every_port_bound_goes_without_error() -> None:
@@ -133,7 +137,8 @@ def test_outer_join_expiry_with_an_unbound_port_is_an_error() -> None:
     buf = JoinBuffer(build("merge", join="outer", window_ms=50))
     add(buf, "r1", RIGHT, now=0)
     (ready,) = buf.expire(50)
-    assert ready.error == f"node 'merge': outer join window of 50 ms closed without input from {LEFT}"
+    assert ready.error == Failure(ErrorKind.JOIN_TIMEOUT,
+                                  f"node 'merge': outer join window of 50 ms closed without input from {LEFT}")
 
 
 def test_outer_join_completes_early_when_everything_arrived() -> None:
@@ -167,7 +172,7 @@ def test_error_arrival_short_circuits_the_join() -> None:
     add(buf, "r1", LEFT, offset=1)
     ready = add(buf, "r1", MID, offset=2, error="node 'mid': model exploded")
     assert ready is not None
-    assert ready.error == "node 'mid': model exploded"
+    assert ready.error == Failure(ErrorKind.COMPONENT_FAILURE, "node 'mid': model exploded")
     assert ready.tensors == {}
     assert len(buf) == 0 and buf.oldest_offsets() == {}
     assert add(buf, "r1", RIGHT) is None
@@ -176,7 +181,8 @@ def test_error_arrival_short_circuits_the_join() -> None:
 def test_error_as_first_arrival_short_circuits() -> None:
     buf = JoinBuffer(build("merge"))
     ready = add(buf, "r1", RIGHT, error="boom")
-    assert ready is not None and ready.error == "boom" and ready.headers[H_ERROR] == b"boom"
+    assert ready is not None and ready.error == Failure(ErrorKind.COMPONENT_FAILURE, "boom") \
+        and ready.headers[H_ERROR] == b"boom"
 
 
 def test_oldest_offsets_track_pending_joins_and_clear_after_completion() -> None:

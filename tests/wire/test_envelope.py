@@ -7,11 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from flowserve.errors import WireError
+from flowserve.errors import ErrorKind, Failure, WireError
 from flowserve.wire import envelope as envelope_module
 from flowserve.wire.envelope import (
     H_DEADLINE,
     H_ERROR,
+    H_ERROR_KIND,
     H_FORMAT,
     H_ID,
     H_NODE,
@@ -21,6 +22,8 @@ from flowserve.wire.envelope import (
     Envelope,
     decode_record,
     encode_value,
+    error_headers,
+    failure_of,
     inherit,
     make_headers,
 )
@@ -139,14 +142,24 @@ def test_unusable_timeout_ms_sets_no_deadline(frozen_clock: int, timeout: str) -
 
 
 def test_error_record_decodes_to_an_envelope_with_error() -> None:
-    headers = [(H_ID, b"r1"), (H_ERROR, "node 'b': boom \u2603".encode()), (H_NODE, b"b")]
+    headers = [(H_ID, b"r1"), (H_ERROR, "node 'b': boom \u2603".encode()), (H_ERROR_KIND, b"component_failure"),
+               (H_NODE, b"b")]
     env = decode_record(b"r1", b"", headers)
     assert env.request_id == "r1"
     assert env.tensors == {}
-    assert env.error == "node 'b': boom \u2603"
+    assert env.error == Failure(ErrorKind.COMPONENT_FAILURE, "node 'b': boom \u2603")
     # an error value is never parsed, even when it is not a frame
-    assert decode_record(b"r1", b"garbage", headers).error == "node 'b': boom \u2603"
-    assert decode_record(b"r1", b"", [(H_ERROR, b"\xff")]).error == "\ufffd"
+    assert decode_record(b"r1", b"garbage", headers).error == env.error
+    # a reason that is not UTF-8, and an error result without a kind (or with one this version does not know)
+    assert decode_record(b"r1", b"", [(H_ERROR, b"\xff")]).error == Failure(ErrorKind.UNKNOWN, "\ufffd")
+    assert decode_record(b"r1", b"", [(H_ERROR, b"x"), (H_ERROR_KIND, b"novel")]).error == Failure(ErrorKind.UNKNOWN,
+                                                                                                 "x")
+
+
+def test_error_headers_carry_reason_kind_and_node() -> None:
+    headers = error_headers(Failure(ErrorKind.DEADLINE, "late" * 2000), "b")
+    assert headers[H_ERROR_KIND] == b"deadline" and headers[H_NODE] == b"b" and len(headers[H_ERROR]) == 4096
+    assert failure_of(headers) == Failure(ErrorKind.DEADLINE, ("late" * 2000)[:4096])
 
 
 def test_unparseable_deadline_header_reads_as_none() -> None:

@@ -1,15 +1,29 @@
-"""The Open Inference Protocol V2 JSON form of tensors and requests."""
+"""The Open Inference Protocol V2 codec: JSON tensors, requests and responses, and the binary extension."""
 
 from __future__ import annotations
 
 import json
+import random
+import struct
 
 import numpy as np
 import pytest
 
 from flowserve.errors import WireError
-from flowserve.wire.tensors import DATATYPES
-from flowserve.wire.v2 import make_response, parse_request, tensor_from_v2, tensor_to_v2
+from flowserve.wire.tensors import DATATYPES, decode_tensors, encode_tensors
+from flowserve.wire.v2 import (
+    InferRequest,
+    build_request,
+    decode_raw,
+    decode_response,
+    encode_raw,
+    encode_response,
+    make_response,
+    parse_infer,
+    parse_request,
+    tensor_from_v2,
+    tensor_to_v2,
+)
 
 #: Per datatype, flat JSON values (extremes included) for a [2, 2] tensor.
 VALUES: dict[str, list] = {
@@ -254,3 +268,212 @@ def test_make_response_shape() -> None:
     assert list(body) == ["model_name", "id", "outputs"]
     versioned = make_response("digits", "req-9", {}, model_version="3")
     assert versioned == {"model_name": "digits", "id": "req-9", "model_version": "3", "outputs": []}
+
+
+# --- the binary extension: raw layouts ----------------------------------------------------------------
+
+
+def array_of(datatype: str) -> np.ndarray:
+    """A [2, 2] array of ``datatype`` holding the extremes of :data:`VALUES`."""
+    if datatype == "BYTES":
+        return np.array([v.encode() for v in VALUES[datatype]], dtype=object).reshape(2, 2)
+    return np.array(VALUES[datatype], dtype=DATATYPES[datatype]).reshape(2, 2)
+
+
+def same(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if want.dtype == object:
+        assert got.reshape(-1).tolist() == want.reshape(-1).tolist()
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("datatype", list(DATATYPES))
+def test_raw_layout_is_the_tensor_frame_payload_and_round_trips(datatype: str) -> None:
+    array = array_of(datatype)
+    raw = encode_raw(array)
+    assert encode_tensors({"x": array}).endswith(raw)  # one layout for the frame and the extension
+    same(decode_raw(datatype, [2, 2], raw), array)
+    same(decode_tensors(encode_tensors({"x": decode_raw(datatype, [2, 2], raw)}))["x"], array)
+
+
+def test_raw_bytes_layout() -> None:
+    raw = encode_raw(np.array([b"ab", b"", "\u00e9"], dtype=object))
+    assert raw == struct.pack("<I", 2) + b"ab" + struct.pack("<I", 0) + struct.pack("<I", 2) + "\u00e9".encode()
+    assert decode_raw("BYTES", [3], raw).tolist() == [b"ab", b"", "\u00e9".encode()]
+
+
+@pytest.mark.parametrize(("datatype", "shape", "raw", "message"), [
+    ("BYTES", [1], b"\x05\x00", r"tensor: binary BYTES element 0 runs past its binary_data_size"),
+    ("BYTES", [2], struct.pack("<I", 1) + b"a" + struct.pack("<I", 9) + b"b",
+     "binary BYTES element 1 runs past its binary_data_size"),
+    ("BYTES", [1], struct.pack("<I", 1) + b"ab", "1 stray bytes after 1 BYTES elements"),
+    ("BYTES", [2**62], b"", "binary BYTES element 0 runs past"),  # no allocation of 2**62 slots first
+    ("FP32", [2], b"\x00" * 7, r"shape \[2\] of FP32 needs 8 bytes, binary_data_size is 7"),
+    ("INT64", [2**62, 2**62], b"", f"of INT64 needs {2**127} bytes, binary_data_size is 0"),
+    ("FP32", [0, 2**62, 2**62], b"", "is not a valid array shape"),
+    ("BOOL", [2], b"\x01\x02", "BOOL binary data holds bytes other than 0 and 1"),
+    ("FLOAT", [1], b"\x00" * 4, "datatype 'FLOAT' is not one of BOOL"),
+    ("INT8", [-1], b"", "'shape' must be a list of non-negative integers"),
+])
+def test_decode_raw_rejects_bad_bytes_with_a_wire_error(datatype: str, shape: list[int], raw: bytes,
+                                                         message: str) -> None:
+    with pytest.raises(WireError, match=message):
+        decode_raw(datatype, shape, raw)
+
+
+def test_decode_raw_names_the_tensor() -> None:
+    with pytest.raises(WireError, match=r"^output 'y': binary BYTES element 0 runs past"):
+        decode_raw("BYTES", [1], b"\x01", label="output 'y'")
+
+
+@pytest.mark.parametrize("datatype", list(DATATYPES))
+def test_decode_raw_on_random_bytes_decodes_exactly_or_raises_a_wire_error(datatype: str) -> None:
+    rng = random.Random(datatype)
+    outcomes = {"decoded": 0, "rejected": 0}
+    for _ in range(500):
+        shape = [rng.randrange(0, 4) for _ in range(rng.randrange(0, 3))]
+        size = rng.choice([rng.randrange(0, 24), int(np.prod(shape)) * DATATYPES[datatype].itemsize])
+        raw = bytes(rng.choice([0, 1, 2, 255]) for _ in range(size))
+        try:
+            array = decode_raw(datatype, shape, raw)
+        except WireError:
+            outcomes["rejected"] += 1
+            continue
+        outcomes["decoded"] += 1
+        assert list(array.shape) == shape and encode_raw(array) == raw
+    assert outcomes["decoded"] and outcomes["rejected"]
+
+
+# --- the binary extension: requests and responses -------------------------------------------------------
+
+
+def test_binary_request_round_trip_and_errors() -> None:
+    tensors = {"a": np.arange(6, dtype=np.int16).reshape(2, 3), "b": np.array([b"x", b""], dtype=object)}
+    body, headers = build_request(tensors, binary=True, request_id="r")
+    parsed = parse_infer(body, headers["Inference-Header-Content-Length"])
+    assert parsed.id == "r"
+    np.testing.assert_array_equal(parsed.tensors["a"], tensors["a"])
+    assert list(parsed.tensors["b"]) == [b"x", b""]
+    with pytest.raises(WireError, match="does not fit a body"):
+        parse_infer(body, str(len(body) + 1))
+    with pytest.raises(WireError, match="stray|after the last binary input"):
+        parse_infer(body + b"\x00", headers["Inference-Header-Content-Length"])
+    with pytest.raises(WireError, match="not valid JSON"):
+        parse_infer(b"{", None)
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_every_datatype_round_trips_through_a_request(binary: bool) -> None:
+    tensors = {f"t_{d.lower()}": array_of(d) for d in DATATYPES}
+    body, headers = build_request(tensors, binary=binary, binary_outputs=True, outputs=["t_int8"],
+                                  parameters={"timeout_ms": 5})
+    assert ("Inference-Header-Content-Length" in headers) == binary
+    parsed = parse_infer(body, headers.get("Inference-Header-Content-Length"))
+    assert parsed.id is None and list(parsed.tensors) == list(tensors)
+    for name, array in tensors.items():
+        same(parsed.tensors[name], array)
+    assert parsed.parameters == {"timeout_ms": 5, "binary_data_output": True}
+    assert (parsed.outputs, parsed.binary_outputs) == ({"t_int8": True}, True)
+
+
+def test_parse_infer_reads_only_sized_inputs_from_the_binary_part() -> None:
+    head = json.dumps({"id": "r", "inputs": [
+        {"name": "a", "datatype": "INT32", "shape": [1], "data": [7]},
+        {"name": "b", "datatype": "INT32", "shape": [2], "parameters": {"binary_data_size": 8}},
+    ], "outputs": [{"name": "a"}, {"name": "b", "parameters": {"binary_data": True}}]}).encode()
+    parsed = parse_infer(head + np.array([1, 2], "<i4").tobytes(), str(len(head)))
+    assert parsed.tensors["a"].tolist() == [7] and parsed.tensors["b"].tolist() == [1, 2]
+    assert parsed.outputs == {"a": False, "b": True}
+
+
+@pytest.mark.parametrize(("header_length", "message"), [
+    ("-1", "does not fit a body"), ("\u00b2", "does not fit a body"), ("x", "does not fit a body"),
+])
+def test_parse_infer_rejects_bad_header_lengths(header_length: str, message: str) -> None:
+    body, _ = build_request({"a": np.ones(1, np.int8)}, binary=True)
+    with pytest.raises(WireError, match=message):
+        parse_infer(body, header_length)
+
+
+@pytest.mark.parametrize(("size", "message"), [
+    (9, r"input 'b': binary_data_size 9 runs past the binary part \(8 bytes left\)"),
+    (-1, "binary_data_size -1 runs past"),
+    ("8", "binary_data_size '8' runs past"),
+    (4, "input 'b': shape \\[2\\] of INT32 needs 8 bytes, binary_data_size is 4"),
+])
+def test_parse_infer_checks_binary_data_sizes(size: object, message: str) -> None:
+    head = json.dumps({"inputs": [{"name": "b", "datatype": "INT32", "shape": [2],
+                                   "parameters": {"binary_data_size": size}}]}).encode()
+    with pytest.raises(WireError, match=message):
+        parse_infer(head + b"\x00" * 8, str(len(head)))
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    ({"id": "", "inputs": [spec("INT8", [1], [1])]}, "'id' must be a non-empty string"),
+    ({"inputs": [spec("INT8", [1], [1])], "outputs": {"name": "x"}}, "'outputs' must be a list"),
+    ({"inputs": [spec("INT8", [1], [1])], "outputs": [{"id": "x"}]}, "with a 'name'"),
+    ({"inputs": [spec("INT8", [1], [1])], "parameters": [1]}, "'parameters' must be an object"),
+    ({"inputs": [spec("INT8", [1], [1]), spec("INT8", [1], [1])]}, "input 'x' is given twice"),
+    ([], "a V2 request must be a JSON object"),
+])
+def test_parse_infer_rejects_bad_documents(doc: object, message: str) -> None:
+    with pytest.raises(WireError, match=message):
+        parse_infer(json.dumps(doc).encode(), None)
+
+
+def test_parse_request_ignores_binary_data_sizes() -> None:
+    """On Kafka a V2 request is JSON only: a binary_data_size is a parameter like any other."""
+    doc = request({**spec("INT8", [1], [3]), "parameters": {"binary_data_size": 1}})
+    assert parse_request(doc)[1]["x"].tolist() == [3]
+
+
+def test_binary_response_layout() -> None:
+    out = {"y": np.array([[1.5, 2.5]], np.float32)}
+    body, n = encode_response("m", "1", "r", out, InferRequest("r", {}, {}, binary_outputs=True))
+    assert n is not None and body[n:] == out["y"].tobytes()
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_every_datatype_round_trips_through_a_response(binary: bool) -> None:
+    tensors = {f"t_{d.lower()}": array_of(d) for d in DATATYPES}
+    body, n = encode_response("m", "1", "r", tensors, InferRequest("r", {}, {}, binary_outputs=binary))
+    assert (n is not None) == binary
+    doc = json.loads(body[:n] if n else body)
+    assert (doc["model_name"], doc["model_version"], doc["id"]) == ("m", "1", "r")
+    got = decode_response(body, str(n) if n else None)
+    assert list(got) == list(tensors)
+    for name, array in tensors.items():
+        same(got[name], array)
+
+
+def test_response_output_selection_skips_missing_outputs() -> None:
+    tensors = {"a": np.array([1], np.int8), "b": np.array([2.0], np.float32)}
+    request_ = InferRequest("r", {}, {}, {"b": True, "gone": False, "a": False})
+    body, n = encode_response("m", "1", "r", tensors, request_)
+    assert n is not None
+    assert [o["name"] for o in json.loads(body[:n])["outputs"]] == ["b", "a"]
+    assert {k: v.tolist() for k, v in decode_response(body, str(n)).items()} == {"b": [2.0], "a": [1]}
+
+
+def test_decode_response_reads_a_json_response_body() -> None:
+    body = make_response("m", "r", {"y": np.array([[1, 2]], np.int64)})
+    assert decode_response(json.dumps(body).encode())["y"].tolist() == [[1, 2]]
+    assert decode_response(body)["y"].dtype == np.int64
+    assert decode_response(b'{"id": "r"}') == {}
+
+
+@pytest.mark.parametrize(("body", "header_length", "message"), [
+    (b'{"outputs": [{"name": "y", "datatype": "INT8", "shape": [2], "parameters": {"binary_data_size": 2}}]}\x01',
+     "108", "output 'y': binary_data_size 2 runs past the binary part"),
+    (b'{"outputs": {"name": "y"}}', None, "'outputs' must be a list"),
+    (b'{"outputs": [3]}', None, "each entry of 'outputs' must be an object"),
+    (b"[]", None, "a V2 response must be a JSON object"),
+    (b"{", None, "response is not valid JSON"),
+    (b"{}", "9", "does not fit a body"),
+])
+def test_decode_response_rejects_bad_bodies(body: bytes, header_length: str | None, message: str) -> None:
+    if header_length == "108":
+        header_length = str(body.index(b"}]}") + 3)
+    with pytest.raises(WireError, match=message):
+        decode_response(body, header_length)

@@ -13,8 +13,8 @@ Two kinds, behind one small :class:`Broker` protocol:
 
 ``kafka``
     :class:`ApacheKafka` runs Apache Kafka 4 in KRaft mode (each node both broker and controller) from
-    jars fetched once from Maven Central by ``deploy/kafka/fetch-jars.sh``. One node, or three for
-    replication and fault tests (:meth:`ApacheKafka.kill_node`, :meth:`ApacheKafka.restart_node`).
+    jars fetched once from Maven Central by ``apache/fetch-jars.sh`` (shipped in this package). One node,
+    or three for replication and fault tests (:meth:`ApacheKafka.kill_node`, :meth:`ApacheKafka.restart_node`).
 
 Both listen on 127.0.0.1 only and keep everything in a temporary directory that :meth:`stop` removes.
 

@@ -19,7 +19,8 @@ from flowserve.kafka.brokers.process import _HOST, _LOG_TAIL_LINES, _hint, _Mana
 #: Kafka release fetched when ``FLOWSERVE_KAFKA_VERSION`` is not set.
 KAFKA_VERSION = "4.1.1"
 
-_DEPLOY_DIR = Path(__file__).resolve().parents[3] / "deploy" / "kafka"
+#: fetch-jars.sh (with its pom.xml) and log4j2.properties: package data, so a wheel install has them too.
+_FILES = Path(__file__).resolve().parent / "apache"
 
 
 def _java() -> str:
@@ -36,7 +37,7 @@ def _java() -> str:
 
 
 def _kafka_libs(libs_dir: str | Path | None) -> Path:
-    """The directory of Kafka jars, fetched with deploy/kafka/fetch-jars.sh the first time."""
+    """The directory of Kafka jars, fetched with apache/fetch-jars.sh the first time."""
     version = os.environ.get("FLOWSERVE_KAFKA_VERSION", KAFKA_VERSION)
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     target = Path(
@@ -45,7 +46,7 @@ def _kafka_libs(libs_dir: str | Path | None) -> Path:
     # The marker is written by fetch-jars.sh; the jar check accepts the libs/ folder of a Kafka download.
     if (target / ".complete").exists() or any(target.glob("kafka_2.13-*.jar")):
         return target
-    script = _DEPLOY_DIR / "fetch-jars.sh"
+    script = _FILES / "fetch-jars.sh"
     if not script.exists():
         raise BrokerError(
             f"Apache Kafka: no jars in {target} and {script} is missing: set FLOWSERVE_KAFKA_LIBS to the "
@@ -216,7 +217,7 @@ class ApacheKafka(_Managed):
         # most of the loading. -Xlog:cds=off keeps the JVM's notes about the archive out of the logs.
         jvm = [java, *(SERVER_JVM if server_jvm else QUICK_JVM), "-Xlog:cds=off", "-Djava.awt.headless=true",
                "-cp", str(libs / "*")]  # fmt: skip
-        log_config = _DEPLOY_DIR / "log4j2.properties"
+        log_config = _FILES / "log4j2.properties"
         if log_config.exists():  # without it log4j2 prints only errors, which is quiet enough
             jvm.insert(1, f"-Dlog4j2.configurationFile={log_config}")
         archive = _cds_archive(java, libs)

@@ -131,7 +131,7 @@ def _as_tensors(split: str) -> tuple[torch.Tensor, torch.Tensor]:
     import numpy as np
     import torch
 
-    from components.digits import PIXEL_MAX, load_split
+    from flowserve_components.digits import PIXEL_MAX, load_split
 
     x, y = load_split("train" if split == "train" else "test")
     return torch.from_numpy(np.array(x) / np.float32(PIXEL_MAX)), torch.from_numpy(np.array(y))

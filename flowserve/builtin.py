@@ -1,11 +1,14 @@
-"""Plumbing components for wiring, gateway and fault tests: pass-through, failing and slow stages.
+"""Built-in plumbing components for wiring, gateway and fault tests: pass-through, failing and slow stages.
 
+They need only numpy, so they work with the core alone (the model stages are in ``flowserve_components``).
 Their ports come from params, so one class fits any tensor::
 
     echo:
-      component: components.basic:Identity
+      component: flowserve.builtin:Identity
       params: {ports: {image: {datatype: UINT8, shape: [-1, 28, 28]}}}
       inputs: {image: input.image}
+
+:func:`sample` makes requests for ``topologies/echo.yaml`` (``flowserve run echo.yaml --sample 20``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from flowserve.component import Batch, Component, Port, Result
 from flowserve.errors import ComponentError
 from flowserve.topology.spec import ID_PATTERN
+from flowserve.wire.tensors import DATATYPES
 
 
 class PortParams(BaseModel):
@@ -137,3 +141,26 @@ class Sleep(_PassThrough):
     def process(self, batch: Batch) -> dict[str, np.ndarray]:
         time.sleep((self.params.ms + self.params.per_item_ms * batch.rows) / 1000.0)
         return dict(batch)
+
+
+def sample(n: int, seed: int = 0) -> tuple[list[dict[str, np.ndarray]], list[None]]:
+    """``n`` requests holding one ``[1, 3]`` tensor of every V2 datatype, on ports named ``t_<datatype>``.
+
+    The ports of ``topologies/echo.yaml``; there is nothing to predict, so every label is ``None``.
+
+    >>> requests, labels = sample(2)
+    >>> requests[0]["t_fp32"].shape, requests[0]["t_bytes"].dtype, labels
+    ((1, 3), dtype('O'), [None, None])
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, not {n}")
+    rng = np.random.default_rng(seed)
+    requests = []
+    for _ in range(n):
+        values = rng.integers(0, 100, size=(1, 3))
+        requests.append({
+            f"t_{name.lower()}": (np.array([[str(v).encode() for v in values[0]]], dtype=object)
+                                  if name == "BYTES" else values.astype(dtype))
+            for name, dtype in DATATYPES.items()
+        })
+    return requests, [None] * n

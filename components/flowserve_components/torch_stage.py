@@ -3,7 +3,7 @@
 In a topology::
 
     model:
-      component: components.torch_stage:TorchClassifier
+      component: flowserve_components.torch_stage:TorchClassifier
       params: {model: digits-cnn, threads: 1}
       inputs: {x: pre.x}
 
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from components import models
 from flowserve.component import Batch, Component, Port, pick_device, torch_threads
 from flowserve.errors import ComponentError
+from flowserve_components import models
 
 if TYPE_CHECKING:
     import torch

@@ -1,6 +1,6 @@
 """The 8x8 handwritten digits of scikit-learn (bundled, no download): data split, sampler, normaliser.
 
-Training (:mod:`components.models`) and :func:`sample` share one deterministic split, so sampled
+Training (:mod:`flowserve_components.models`) and :func:`sample` share one deterministic split, so sampled
 requests are always held-out data::
 
     requests, labels = sample(4, seed=1)

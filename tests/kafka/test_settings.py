@@ -17,7 +17,7 @@ TOPOLOGY = """
 name: s
 nodes:
   a:
-    component: components.basic:Identity
+    component: flowserve.builtin:Identity
     params: {ports: {x: {datatype: FP32, shape: [-1, 4]}}}
     inputs: {x: input.x}
 outputs: {y: a.x}

@@ -6,8 +6,8 @@ the worker's Outbox, so it is acknowledged before the detector commits). ``flows
 shows the latest state per detector and context::
 
     drift:
-      component: components.drift:FeatureDrift
-      params: {method: ks, window: 100, p_val: 0.05, reference: components.drift:digits_reference}
+      component: flowserve_components.drift:FeatureDrift
+      params: {method: ks, window: 100, p_val: 0.05, reference: flowserve_components.drift:digits_reference}
       inputs: {x: pre.x}
 
 - :class:`FeatureDrift`: continuous features, FP32 ``[-1, d]``; ``ks`` (per-feature Kolmogorov-Smirnov
@@ -132,7 +132,7 @@ class _Detector(Component):
             self._cd = importlib.import_module("alibi_detect.cd")
         except ImportError as exc:
             raise ComponentError(f"node '{self.node}': drift detectors need alibi-detect "
-                                 f"(pip install 'flowserve[drift]'): {exc}") from None
+                                 f"(pip install 'flowserve-components[drift]'): {exc}") from None
         if self.params.reference is not None:
             self._file_reference = self.transform(load_reference(self.params.reference))
         if self.params.method == "mmd":
@@ -436,7 +436,7 @@ class OutputDrift(_Detector):
 
 def digits_reference(n: int = 1000) -> np.ndarray:
     """Normalised training pixels of the digits split (the model input's reference distribution)."""
-    from components.digits import PIXEL_MAX, load_split
+    from flowserve_components.digits import PIXEL_MAX, load_split
 
     x, _ = load_split("train")
     return (x[:n] / np.float32(PIXEL_MAX)).astype(np.float32)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from components.postprocess import N_CLASSES, softmax
 from flowserve.component import Batch, Component, Port
+from flowserve_components.postprocess import N_CLASSES, softmax
 
 
 class Softmax(Component):

@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).parents[2]
 PROBE = """
 import json, os, sys
-from flowserve.capture.stage import worker_process
+from flowserve.runtime.process import worker_process
 from flowserve.kafka.settings import WorkerSettings
 from flowserve.topology.graph import load_topology_text
 topology = load_topology_text(sys.stdin.read())
@@ -25,8 +25,8 @@ print(json.dumps({"nice": os.nice(0) - before, "idle": os.sched_getscheduler(0) 
 TOPOLOGY = """
 name: iso
 nodes:
-  pre: {component: components.digits:Normalize, inputs: {pixels: input.pixels}%s}
-  watch: {component: components.digits:Normalize, inputs: {pixels: input.pixels}%s}
+  pre: {component: flowserve_components.digits:Normalize, inputs: {pixels: input.pixels}%s}
+  watch: {component: flowserve_components.digits:Normalize, inputs: {pixels: input.pixels}%s}
 outputs: {x: pre.x}
 """
 

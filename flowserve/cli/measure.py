@@ -6,11 +6,12 @@ import argparse
 import asyncio
 import json
 
-from rich.console import Console
 from rich.table import Table
 
-out = Console()
-err = Console(stderr=True)
+from flowserve.console import make_console
+
+out = make_console()
+err = make_console(stderr=True)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

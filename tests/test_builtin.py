@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from components import basic
-from components.basic import Fail, Identity, Sleep
+from flowserve import builtin
+from flowserve.builtin import Fail, Identity, Sleep
 from flowserve.component import Port, Result
 from flowserve.errors import ComponentError
+from flowserve.wire.tensors import DATATYPES
 
 
 def test_identity_default_port(configure, make_batch) -> None:
@@ -88,7 +91,7 @@ def test_fail_port_must_be_declared() -> None:
 
 def test_sleep_passes_through_after_its_delay(configure, make_batch, monkeypatch: pytest.MonkeyPatch) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(basic.time, "sleep", slept.append)
+    monkeypatch.setattr(builtin.time, "sleep", slept.append)
     node = configure(Sleep, {"ms": 20, "per_item_ms": 5}, node="slow")
     x = np.ones(3, dtype=np.float32)
     out = node.process(make_batch([1, 2], x=x))
@@ -97,3 +100,19 @@ def test_sleep_passes_through_after_its_delay(configure, make_batch, monkeypatch
     assert node.offload and not Identity.offload
     with pytest.raises(ComponentError, match="ms"):
         Sleep.configure({"ms": -1})
+
+
+def test_sample_fills_every_echo_port() -> None:
+    from flowserve.topology import load_topology
+
+    echo = load_topology(Path(__file__).resolve().parents[1] / "topologies" / "echo.yaml")
+    requests, labels = builtin.sample(3, seed=1)
+    assert labels == [None, None, None] and len(requests) == 3
+    for request in requests:
+        assert set(request) == set(echo.inputs)
+        for name, port in echo.inputs.items():
+            assert request[name].shape == (1, 3) and request[name].dtype == DATATYPES[port.datatype]
+    assert requests[0]["t_bytes"][0, 0] == str(requests[0]["t_int64"][0, 0]).encode()
+    assert builtin.sample(0) == ([], [])
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        builtin.sample(-1)
