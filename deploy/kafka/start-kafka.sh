@@ -10,7 +10,7 @@
 # Brokers take ports P..P+N-1 and controllers the N ports after them, as flowserve.kafka.brokers does.
 # Environment: FLOWSERVE_KAFKA_RUN (state directory, default ${TMPDIR:-/tmp}/flowserve-kafka-run),
 # JAVA_HOME, and the FLOWSERVE_KAFKA_VERSION / FLOWSERVE_KAFKA_LIBS of fetch-jars.sh.
-# The settings mirror ApacheKafka in flowserve/kafka/brokers/kafka.py; change both together.
+# The settings mirror ApacheKafka in flowserve/kafka/brokers/apache_kafka.py; change both together.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

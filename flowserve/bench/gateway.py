@@ -27,15 +27,16 @@ from flowserve.bench.common import console
 from flowserve.client import TopologyClient, new_request_id
 from flowserve.client.http import AsyncHttpClient
 from flowserve.client.traffic import prepare_to_drive, wait_ready
+from flowserve.errors import FlowserveError
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost, create_topology_topics
 from flowserve.topology import load_topology
 from flowserve.wire.v2 import build_request
 
 LEVELS = (1, 8, 32, 128)
-_TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
-#: the digits pipeline as three worker processes, and the same pipeline fused into one (``fuse:``).
-TOPOLOGIES = (_TOPOLOGIES / "digits.yaml", _TOPOLOGIES / "digits-fused.yaml")
+#: the digits pipeline as three worker processes, and the same pipeline fused into one (``fuse:``), as
+#: found in a flowserve checkout's ``topologies/`` (run the bench from the checkout).
+TOPOLOGIES = (Path("topologies/digits.yaml"), Path("topologies/digits-fused.yaml"))
 
 
 def _stats(latencies: list[float], seconds: float, errors: int) -> dict[str, float]:
@@ -92,6 +93,10 @@ async def _wait_http_ready(client: AsyncHttpClient, infer: str, body: bytes, tim
 async def gateway_bench(kafka: KafkaSettings, seconds: float = 5.0, levels: tuple[int, ...] = LEVELS,
                         topologies: tuple[Path, ...] = TOPOLOGIES) -> dict[str, Any]:
     """Each topology in turn: its workers, a gateway, then every level over HTTP and over Kafka."""
+    missing = [str(p) for p in topologies if not p.is_file()]
+    if missing:
+        raise FlowserveError(f"the gateway bench runs {', '.join(missing)}, not found here: run it from a "
+                             "flowserve checkout (its topologies/ folder)")
     runs: dict[str, Any] = {}
     for path in topologies:
         runs[path.stem] = await _bench_topology(kafka, path, seconds, levels)
