@@ -33,8 +33,8 @@ from collections.abc import Iterator
 from typing import Literal
 
 from flowserve.errors import BrokerError
-from flowserve.kafka.brokers.embedded import EmbeddedBroker
 from flowserve.kafka.brokers.apache_kafka import KAFKA_VERSION, QUICK_JVM, SERVER_JVM, ApacheKafka
+from flowserve.kafka.brokers.embedded import EmbeddedBroker
 from flowserve.kafka.brokers.process import Broker, free_port
 
 __all__ = [
