@@ -188,15 +188,16 @@ def _object(body: bytes | str | Mapping[str, Any], what: str, kind: str = "reque
     return body
 
 
-def _inputs(inputs: Any, binary: memoryview | None) -> dict[str, np.ndarray]:
-    """A request's ``inputs``; with ``binary`` (the extension), those with a binary_data_size are read from it."""
-    if not isinstance(inputs, list) or not inputs:
-        raise WireError("a V2 request needs a non-empty 'inputs' list")
+def _tensors(specs: list[Any], binary: memoryview | None, what: str) -> dict[str, np.ndarray]:
+    """Named tensors of a request's ``inputs`` or a response's ``outputs`` (``what``: "input" or "output").
+
+    With ``binary`` (the extension), a tensor with a ``binary_data_size`` is read from it, in order.
+    """
     tensors: dict[str, np.ndarray] = {}
     pos = 0
-    for spec in inputs:
+    for spec in specs:
         if not isinstance(spec, Mapping):
-            raise WireError("each entry of 'inputs' must be an object")
+            raise WireError(f"each entry of '{what}s' must be an object")
         params = spec.get("parameters") if binary is not None else None
         size = params.get("binary_data_size") if isinstance(params, Mapping) else None
         if size is None:
@@ -205,16 +206,23 @@ def _inputs(inputs: Any, binary: memoryview | None) -> dict[str, np.ndarray]:
             assert binary is not None
             name, datatype, shape = _header(spec)
             if not isinstance(size, int) or size < 0 or pos + size > len(binary):
-                raise WireError(f"input '{name}': binary_data_size {size!r} runs past the binary part "
+                raise WireError(f"{what} '{name}': binary_data_size {size!r} runs past the binary part "
                                 f"({len(binary) - pos} bytes left)")
-            array = decode_raw(datatype, shape, binary[pos : pos + size], label=f"input '{name}'")
+            array = decode_raw(datatype, shape, binary[pos : pos + size], label=f"{what} '{name}'")
             pos += size
         if name in tensors:
-            raise WireError(f"input '{name}' is given twice")
+            raise WireError(f"{what} '{name}' is given twice")
         tensors[name] = array
     if binary is not None and pos != len(binary):
-        raise WireError(f"{len(binary) - pos} bytes of binary data after the last binary input")
+        raise WireError(f"{len(binary) - pos} bytes of binary data after the last binary {what}")
     return tensors
+
+
+def _inputs(inputs: Any, binary: memoryview | None) -> dict[str, np.ndarray]:
+    """A request's ``inputs``; with ``binary`` (the extension), those with a binary_data_size are read from it."""
+    if not isinstance(inputs, list) or not inputs:
+        raise WireError("a V2 request needs a non-empty 'inputs' list")
+    return _tensors(inputs, binary, "input")
 
 
 def _parameters(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -352,24 +360,7 @@ def decode_response(body: bytes | str | Mapping[str, Any],
     outputs = doc.get("outputs", [])
     if not isinstance(outputs, list):
         raise WireError("a V2 response's 'outputs' must be a list")
-    out: dict[str, np.ndarray] = {}
-    pos = 0
-    for spec in outputs:
-        if not isinstance(spec, Mapping):
-            raise WireError("each entry of 'outputs' must be an object")
-        params = spec.get("parameters")
-        size = params.get("binary_data_size") if isinstance(params, Mapping) else None
-        if size is None:
-            name, array = tensor_from_v2(spec)
-        else:
-            name, datatype, shape = _header(spec)
-            if not isinstance(size, int) or size < 0 or pos + size > len(binary):
-                raise WireError(f"output '{name}': binary_data_size {size!r} runs past the binary part "
-                                f"({len(binary) - pos} bytes left)")
-            array = decode_raw(datatype, shape, binary[pos : pos + size], label=f"output '{name}'")
-            pos += size
-        out[name] = array
-    return out
+    return _tensors(outputs, binary, "output")
 
 
 __all__ = [
