@@ -9,6 +9,7 @@ import pytest
 
 from flowserve.client import TopologyClient
 from flowserve.client.traffic import wait_ready
+from flowserve.errors import ErrorKind
 from flowserve.runtime.host import InlineHost
 from flowserve.runtime.metrics import read_snapshots
 from flowserve.runtime.profiles import ExecProfile, profile_path, save_profiles
@@ -42,7 +43,7 @@ async def test_impossible_deadlines_are_refused_and_feasible_ones_served(kafka, 
             await client.send({"x": x}, request_id=f"tight-{i}", timeout_ms=300)
         replies = await asyncio.wait_for(asyncio.gather(*tight), 30)
         for reply in replies:
-            assert reply.error is not None
+            assert reply.error is not None and reply.error_kind == ErrorKind.REFUSED
             assert "refused by node 'slow'" in reply.error and "cannot finish before its deadline" in reply.error
         assert worker.counters.refused == 5
 

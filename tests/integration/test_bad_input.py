@@ -131,6 +131,7 @@ async def test_a_result_that_breaks_the_declaration_fails_its_request_only(kafka
         replies = {rid: r for rid, r in zip(futures, await asyncio.wait_for(asyncio.gather(*futures.values()), 60),
                                             strict=True)}
         assert {rid for rid, r in replies.items() if r.error is not None} == {"r7"}
+        assert replies["r7"].error_kind == ErrorKind.COMPONENT_FAILURE
         assert "mask of 'x' has shape [0], expected [1]" in str(replies["r7"].error)
         letters = await _dead_letters(kafka, topology.deadletter_topic, 1)
         assert set(letters) == {"r7"} and letters["r7"][1:] == ("short", ErrorKind.COMPONENT_FAILURE)

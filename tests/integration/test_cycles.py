@@ -12,7 +12,7 @@ from flowserve.client import TopologyClient
 from flowserve.client.traffic import wait_ready
 from flowserve.runtime.host import InlineHost
 from flowserve.topology import load_topology
-from flowserve.wire.envelope import H_ERROR
+from flowserve.wire.envelope import H_ERROR, H_ERROR_KIND
 from flowserve.wire.tensors import decode_tensors
 
 pytestmark = pytest.mark.integration
@@ -51,11 +51,11 @@ async def test_cycle_runs_to_its_revisit_limit_then_stops(kafka, write_topology)
                                 continue
                             headers = dict(rec.headers)
                             if H_ERROR in headers:
-                                seen.append(headers[H_ERROR].decode())
+                                seen.append(f"{headers[H_ERROR_KIND].decode()}: {headers[H_ERROR].decode()}")
                             else:
                                 seen.append(float(decode_tensors(rec.value)["y"][0, 0]))
         finally:
             await consumer.stop()
         assert seen[:3] == [1.0, 3.0, 5.0]
-        assert "revisited more than 3 times" in str(seen[3])
+        assert str(seen[3]).startswith("revisit_limit: ") and "revisited more than 3 times" in str(seen[3])
         assert {w.node.id for w in host.workers if not w.counters.dead_lettered} == {"step", "again"}
