@@ -55,6 +55,28 @@ def _kafka(bootstrap: str) -> KafkaSettings:
     return KafkaSettings.from_env(bootstrap)
 
 
+def _stop_on_sigterm() -> None:
+    """Make SIGTERM (a container stop, ``kill``) end this command as Ctrl-C does: by KeyboardInterrupt, so
+    that its ``finally`` blocks stop the broker and workers it started instead of leaving them behind,
+    re-parented to init. A handler, not a blocked signal: a blocked mask would be inherited by the
+    processes the command starts."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _wait_for_stop() -> None:
+    """Return on SIGINT or SIGTERM (see :func:`_stop_on_sigterm`); a second SIGTERM while the caller cleans
+    up is ignored, a second Ctrl-C still interrupts."""
+    try:
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 # -- commands ---------------------------------------------------------------------------------------
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -148,6 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flowserve.client.traffic import prepare_to_drive
     from flowserve.runtime.host import ProcessHost, create_topology_topics
 
+    _stop_on_sigterm()
     topology = _topology(args.topology)
     with console.status("preparing components…"):
         prepare_to_drive(topology)  # before workers start; this process may send the sample traffic
@@ -167,7 +190,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
                 return serve_blocking([topology], kafka, GatewaySettings.from_env(port=args.gateway_port))
             console.print("Ctrl-C to stop")
-            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+            _wait_for_stop()
             return 0
         finally:
             with console.status("stopping workers…"):
@@ -204,6 +227,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from flowserve.kafka.brokers import ApacheKafka, EmbeddedBroker
     from flowserve.kafka.settings import KafkaSettings
 
+    _stop_on_sigterm()
     if args.kind == "embedded":
         broker: Any = EmbeddedBroker.start(port=args.port)
     else:
@@ -214,7 +238,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         print(f"clients of this broker: export FLOWSERVE_FETCH_MAX_WAIT_MS={broker.fetch_max_wait_ms}",
               file=sys.stderr, flush=True)
     try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        _wait_for_stop()
     finally:
         broker.stop()
     return 0
