@@ -33,7 +33,11 @@ from flowserve.wire.tensors import DATATYPES
 
 @dataclass(frozen=True, slots=True)
 class Port:
-    """A tensor port: V2 datatype and shape (-1 for a variable dimension; the first is the batch)."""
+    """A tensor port: V2 datatype and shape (-1 for a variable dimension; the first is the batch).
+
+    ``allow_nan=False``: floating-point values must be finite (no NaN, no infinity; a JSON number too large
+    for the datatype, such as ``1e400``, arrives as infinity).
+    """
 
     datatype: str
     shape: tuple[int, ...] | list[int] = (-1,)
@@ -69,8 +73,8 @@ class Port:
         for got, want in zip(array.shape, self.shape, strict=True):
             if want != -1 and got != want:
                 raise WireError(f"port '{name}' takes shape {list(self.shape)}, got {list(array.shape)}")
-        if not self.allow_nan and array.dtype.kind == "f" and np.isnan(array).any():
-            raise WireError(f"port '{name}' does not accept NaN values")
+        if not self.allow_nan and array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise WireError(f"port '{name}' does not accept NaN or infinite values")
 
     def to_metadata(self, name: str) -> dict[str, Any]:
         return {"name": name, "datatype": self.datatype, "shape": list(self.shape)}

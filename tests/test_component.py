@@ -106,12 +106,14 @@ def test_check_rejects_wrong_fixed_dims_and_accepts_any_variable_dim() -> None:
 
 
 @pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
-def test_check_rejects_nan_when_not_allowed(datatype: str) -> None:
+def test_check_rejects_non_finite_values_when_not_allowed(datatype: str) -> None:
     port = Port(datatype, [-1], allow_nan=False)
     dtype = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}[datatype]
-    port.check("x", np.array([1.0, np.inf, -np.inf], dtype=dtype))  # infinities are not NaN
-    with pytest.raises(WireError, match="port 'x' does not accept NaN values"):
-        port.check("x", np.array([1.0, np.nan], dtype=dtype))
+    port.check("x", np.array([1.0, -2.5, np.finfo(dtype).max], dtype=dtype))
+    for bad in (np.nan, np.inf, -np.inf):
+        with pytest.raises(WireError, match="port 'x' does not accept NaN or infinite values"):
+            port.check("x", np.array([1.0, bad], dtype=dtype))
+    Port(datatype, [-1]).check("x", np.array([np.nan, np.inf], dtype=dtype))  # allowed by default
 
 
 def test_allow_nan_false_is_harmless_for_integer_ports() -> None:

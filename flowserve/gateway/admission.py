@@ -31,8 +31,8 @@ def check_inputs(tensors: Mapping[str, np.ndarray], ports: Mapping[str, Port]) -
                                                                                         strict=True)):
             raise WireError(f"input '{name}': shape {list(array.shape)} does not fit the model's "
                             f"{list(port.shape)} (-1 = any size)")
-        if not port.allow_nan and array.dtype.kind == "f" and np.isnan(array).any():
-            raise WireError(f"input '{name}' does not accept NaN values")
+        if not port.allow_nan and array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise WireError(f"input '{name}' does not accept NaN or infinite values")
     rows = {a.shape[0] for a in tensors.values() if a.ndim}
     if len(rows) > 1:
         raise WireError(f"inputs disagree on the batch dimension ({', '.join(map(str, sorted(rows)))} rows)")

@@ -458,8 +458,8 @@ def test_inner_edges_keep_the_port_contract() -> None:
     result = chain.process(batch(SIZES))
     assert NoNaN.seen == [np.float32]
     assert isinstance(result, Result)
-    assert result.errors == {0: "node 'm1': port 'x' does not accept NaN values",
-                             3: "node 'm1': port 'x' does not accept NaN values"}
+    assert result.errors == {0: "node 'm1': port 'x' does not accept NaN or infinite values",
+                             3: "node 'm1': port 'x' does not accept NaN or infinite values"}
     assert_same_as_unfused(chain, plain, SIZES)
 
 
