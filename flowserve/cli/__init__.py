@@ -308,6 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     capture_commands(sub)  # inspect, lineage, drift
 
+    from flowserve.cli.ui import add_arguments as ui_arguments
+    from flowserve.cli.ui import cmd_ui
+
+    p = sub.add_parser("ui", help="a live web page of running topologies: graph, figures, charts, lineage")
+    ui_arguments(p)
+    p.set_defaults(func=cmd_ui)
+
     from flowserve.cli.measure import cmd_profile, cmd_stats
 
     p = sub.add_parser("profile", help="measure each node's execution time per batch size (saved beside the topology)")
