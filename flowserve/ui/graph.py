@@ -15,8 +15,11 @@ from flowserve.topology.graph import Topology
 INPUT = "input"
 OUTPUTS = "outputs"
 #: layout grid, in SVG units: one column per layer, one row per node in it
-COLUMN_W = 230
+COLUMN_W = 320
 ROW_H = 120
+#: a node's box (the page draws it this size)
+NODE_W = 270
+NODE_H = 96
 
 
 def node_kind(topology: Topology, node_id: str) -> str:
@@ -94,4 +97,4 @@ def graph_view(topology: Topology) -> dict[str, Any]:
     height = max(rows.values()) * ROW_H + 40
     return {"topology": topology.name, "version": topology.version, "partitions": topology.spec.partitions,
             "deadletter_topic": topology.deadletter_topic, "nodes": nodes, "edges": graph_edges,
-            "width": width, "height": height}
+            "width": width, "height": height, "node_w": NODE_W, "node_h": NODE_H}

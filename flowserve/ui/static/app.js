@@ -3,7 +3,7 @@
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
-const W = 200, H = 96;
+let W = 270, H = 96;  // set from the graph the server laid out
 const token = new URLSearchParams(location.hash.slice(1)).get("token") || sessionStorage.getItem("fs-token");
 if (token) sessionStorage.setItem("fs-token", token);
 let topologies = [], current = null, pollMs = 2000, timer = null;
@@ -34,6 +34,8 @@ function fmt(v, digits) {
 function drawGraph(g) {
   const svg = document.getElementById("graph");
   svg.innerHTML = "";
+  W = g.node_w;
+  H = g.node_h;
   svg.setAttribute("viewBox", `0 0 ${g.width} ${g.height}`);
   svg.setAttribute("width", g.width);
   svg.setAttribute("height", g.height);
@@ -61,10 +63,10 @@ function drawGraph(g) {
     el("text", {x: 8, y: 16, class: "title"}, grp, n.id);
     let sub = endpoint ? n.label : n.component + (n.join ? ` · join ${n.join}` : "")
       + (n.kind === "side" ? " · side" : "") + (n.members && n.members.length ? " · fused" : "");
-    el("text", {x: 8, y: 30, class: "sub"}, grp, sub.length > 34 ? sub.slice(0, 33) + "…" : sub);
+    el("text", {x: 8, y: 30, class: "sub"}, grp, sub.length > 46 ? sub.slice(0, 45) + "…" : sub);
     const ports = endpoint ? (n.ports.out || n.ports.in).join(", ")
       : `in: ${n.ports.in.join(", ")}  out: ${n.ports.out.join(", ")}`;
-    el("text", {x: 8, y: 42, class: "sub"}, grp, ports.length > 40 ? ports.slice(0, 39) + "…" : ports);
+    el("text", {x: 8, y: 42, class: "sub"}, grp, ports.length > 50 ? ports.slice(0, 49) + "…" : ports);
     if (!endpoint) {
       for (let i = 0; i < 3; i++) el("text", {x: 8, y: 58 + i * 13, class: "figs", "data-line": i}, grp, i ? "" : "waiting for metrics…");
     }
