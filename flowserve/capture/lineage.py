@@ -97,13 +97,13 @@ async def lineage(kafka: KafkaSettings, request_id: str, topology: str, *, prefi
         records = await reader.read([names.lineage_topic(base)], contains=needle)
         steps = [Step(rec) for r in records if isinstance(r.body, dict)
                  for rec in expand(r.body, request_id, prefix=True) if rec.get("node")]
-        found = {str(s.record.get("request_id")) for s in steps}
-        if request_id in found:
+        ids = {str(s.record.get("request_id")) for s in steps}
+        if request_id in ids:
             steps = [s for s in steps if s.record.get("request_id") == request_id]
-        elif len(found) > 1:
-            shown = ", ".join(sorted(found)[:5])
-            raise AmbiguousRequestId(f"request id '{request_id}' is the start of {len(found)} sampled requests' "
-                                     f"ids ({shown}{', ...' if len(found) > 5 else ''}); give more characters",
+        elif len(ids) > 1:
+            shown = ", ".join(sorted(ids)[:5])
+            raise AmbiguousRequestId(f"request id '{request_id}' is the start of {len(ids)} sampled requests' "
+                                     f"ids ({shown}{', ...' if len(ids) > 5 else ''}); give more characters",
                                      kind=ErrorKind.INVALID_INPUT)
         steps.sort(key=lambda s: (s.record.get("timing", {}).get("start_ms", 0), s.node))
         if with_tensors:

@@ -226,6 +226,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     # Apache Kafka as its start script runs it: the test suite's fast-start JVM would be measured instead
     with _broker(args.broker, args.broker_kind, server_jvm=True) as kafka:
         result = run_bench(args.workload, kafka, args)
+    if args.plot:
+        from flowserve.bench.plot import plot_result
+
+        plot_result(result, args.plot)
+        console.print(f"plot written to {args.plot}")
     print(json.dumps(result))
     return 0
 
@@ -344,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blocks", type=int, default=3,
                    help="capture: deploy afresh this many times per part (deployments differ on their own)")
     p.add_argument("--only", choices=["saturation", "detector"], help="capture: run one part of the bench")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw the result to this image (needs matplotlib)")
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -77,8 +77,8 @@ def sources(kafka: KafkaSettings) -> UiSources:
 
     async def actions(topology: Topology) -> list[dict[str, Any]]:
         try:
-            records = await inspect_records(kafka, f"{topology.name}.{names.CONTROL}", prefix=topology.spec.prefix, last=50,
-                                            timeout_s=5.0)
+            records = await inspect_records(kafka, f"{topology.name}.{names.CONTROL}",
+                                            prefix=topology.spec.prefix, last=50, timeout_s=5.0)
         except FlowserveError:  # no control topic yet: nobody sent a command
             return []
         return [{"ts_ms": r.timestamp_ms, "source": "control", "action": r.body} for r in records

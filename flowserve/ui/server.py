@@ -35,7 +35,6 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from flowserve.errors import ErrorKind, FlowserveError
-from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology.graph import Topology
 from flowserve.ui.graph import graph_view
 from flowserve.ui.live import HISTORY, LiveState
@@ -94,7 +93,7 @@ class TopologyView:
             if self.sources.actions is not None:
                 self.actions = (await self.sources.actions(self.topology))[-50:]
             self.error = None
-        except (FlowserveError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, FlowserveError, OSError) as exc:
             self.error = str(exc)
         except Exception as exc:  # noqa: BLE001 - a broker hiccup must not end the page's poller
             log.warning("polling %s failed", self.topology.name, exc_info=True)
