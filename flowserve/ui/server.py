@@ -96,8 +96,9 @@ class TopologyView:
         except (TimeoutError, FlowserveError, OSError) as exc:
             self.error = str(exc)
         except Exception as exc:  # noqa: BLE001 - a broker hiccup must not end the page's poller
-            log.warning("polling %s failed", self.topology.name, exc_info=True)
             self.error = f"{type(exc).__name__}: {exc}"
+            log.warning("polling %s failed: %s", self.topology.name, self.error,
+                        exc_info=log.isEnabledFor(logging.DEBUG))
 
     def _fold_drift(self, state: dict[str, dict[str, Any]]) -> None:
         self.drift = state

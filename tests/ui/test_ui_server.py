@@ -11,6 +11,7 @@ from ui_deploy import running_digits, until
 
 from flowserve.capture.lineage import AmbiguousRequestId, lineage
 from flowserve.cli.ui import sources
+from flowserve.runtime.faust_host import send_command
 from flowserve.ui import UiServer, UiSettings
 
 pytestmark = pytest.mark.integration
@@ -57,6 +58,12 @@ async def test_endpoints_serve_live_figures_history_drift_and_lineage(kafka, uni
                        for n in nodes)
 
         await until(every_node_reports, what="a snapshot with requests from every node")
+        await send_command(deployment.topology, kafka, "stats", node="model")  # an operator's action
+
+        async def action_shown() -> bool:
+            return bool((await _get(http, f"{api}/{unique_name}/stats"))[1]["actions"])
+
+        await until(action_shown, what="the operator's command among the actions")
         first = (await _get(http, f"{api}/{unique_name}/stats"))[1]
 
         async def figures_moved() -> bool:
@@ -74,6 +81,9 @@ async def test_endpoints_serve_live_figures_history_drift_and_lineage(kafka, uni
         [(key, detector)] = stats["drift"].items()
         assert key.startswith("input_drift") and 0 <= detector["p_val"] <= 1 and detector["windows"] >= 1
         assert stats["panels"] == {"drift": True, "lineage": True, "actions": True}
+        [action] = stats["actions"]
+        assert action["source"] == "control" and action["action"]["command"] == "stats"
+        assert action["action"]["node"] == "model"
 
         status, history = await _get(http, f"{api}/{unique_name}/history?last=5")
         assert status == 200 and set(history["nodes"]) == set(nodes)
