@@ -6,7 +6,7 @@ const SVG = "http://www.w3.org/2000/svg";
 let W = 270, H = 96;  // set from the graph the server laid out
 const token = new URLSearchParams(location.hash.slice(1)).get("token") || sessionStorage.getItem("fs-token");
 if (token) sessionStorage.setItem("fs-token", token);
-let topologies = [], current = null, pollMs = 2000, timer = null;
+let topologies = [], current = null, pollMs = 2000, timer = null, chosen = null;
 
 async function api(path) {
   const headers = token ? {Authorization: "Bearer " + token} : {};
@@ -71,6 +71,7 @@ function drawGraph(g) {
       for (let i = 0; i < 3; i++) el("text", {x: 8, y: 58 + i * 13, class: "figs", "data-line": i}, grp, i ? "" : "waiting for metrics…");
     }
     el("text", {x: W - 6, y: 16, class: "hop", "text-anchor": "end", "data-hop": n.id}, grp, "");
+    if (!endpoint) grp.addEventListener("click", () => choose(n.id));
     const tip = el("title", {}, grp, n.id);
     tip.textContent = endpoint ? n.label : `${n.id}: ${n.component}\n` +
       Object.entries(n.topics || {}).map(([p, t]) => `${p} → ${t}`).join("\n") +
@@ -117,7 +118,9 @@ function sparkline(parent, title, points, key, opts) {
 function drawCharts(history) {
   const charts = document.getElementById("charts");
   charts.innerHTML = "";
+  document.getElementById("charts-title").textContent = chosen ? `last minutes: ${chosen}` : "last minutes per node";
   for (const [node, pts] of Object.entries(history.nodes)) {
+    if (chosen && node !== chosen) continue;
     sparkline(charts, `${node} · rate`, pts, "rate_rps", {unit: "req/s"});
     sparkline(charts, `${node} · exec p99`, pts, "exec_p99_ms", {unit: "ms"});
     sparkline(charts, `${node} · lag`, pts, "lag", {unit: "records"});
@@ -199,8 +202,15 @@ async function lookUp(ev) {
   }
 }
 
+function choose(node) {
+  chosen = chosen === node ? null : node;
+  document.querySelectorAll("g.node").forEach(g => g.classList.toggle("chosen", g.dataset.node === chosen));
+  poll();
+}
+
 function select(name) {
   current = name;
+  chosen = null;
   const g = topologies.find(t => t.topology === name);
   document.getElementById("meta").textContent = `v${g.version} · ${g.partitions} partition(s) · ${g.nodes.length - 2} node(s)`;
   drawGraph(g);
@@ -223,6 +233,10 @@ async function start() {
   sel.onchange = () => select(sel.value);
   document.getElementById("lineage-form").onsubmit = lookUp;
   document.getElementById("lineage-clear").onclick = clearLineage;
+  document.getElementById("fit").onclick = (ev) => {
+    const fit = document.getElementById("graph").classList.toggle("fit");
+    ev.target.textContent = fit ? "actual size" : "fit to width";
+  };
   select(topologies[0].topology);
   timer = setInterval(poll, pollMs);
 }
