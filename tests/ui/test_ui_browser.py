@@ -39,7 +39,7 @@ def _drive(url: str, request_id: str, shot: Path) -> dict[str, list[str]]:
     binary, driver_path = _browser()
     options = webdriver.ChromeOptions()
     options.binary_location = binary
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1500,1300"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1700,1300"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
     try:
@@ -67,6 +67,8 @@ def _drive(url: str, request_id: str, shot: Path) -> dict[str, list[str]]:
                                    for g in driver.find_elements(By.CSS_SELECTOR, "g.node.on-path"))]
         seen["charts"] = [str(len(driver.find_elements(By.CSS_SELECTOR, "#charts .chart polyline")))]
         driver.save_screenshot(str(shot))
+        driver.execute_script("document.getElementById('drift-panel').scrollIntoView()")
+        driver.save_screenshot(str(shot.with_name("ui-drift.png")))
         return seen
     finally:
         driver.quit()
@@ -91,3 +93,4 @@ async def test_a_browser_sees_every_node_live_and_draws_a_requests_lineage(kafka
     assert int(seen["charts"][0]) == 4 * len(NODES)  # rate, p99, lag, batch size per node
     assert shot.stat().st_size > 10_000
     shutil.copyfile(shot, "/tmp/ui-screenshot.png")
+    shutil.copyfile(shot.with_name("ui-drift.png"), "/tmp/ui-screenshot-drift.png")
