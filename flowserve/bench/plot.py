@@ -38,13 +38,14 @@ def batching(fig: Any, result: dict[str, Any]) -> None:
     """Attainment and p99 against load, one line per policy and arrival process."""
     attain, p99 = fig.subplots(1, 2)
     styles = ["-", "--", ":", "-."]
-    for policy, summary in result["policies"].items():
+    for i, (policy, summary) in enumerate(result["policies"].items()):  # a colour per policy, a dash per arrival
         for (arrival, points), style in zip(_cells(summary["attainment"]).items(), styles * 4, strict=False):
             loads, values = zip(*points, strict=True)
-            attain.plot(loads, [100 * v for v in values], style, marker="o", label=f"{policy} ({arrival})")
+            attain.plot(loads, [100 * v for v in values], style, color=f"C{i}", marker="o",
+                        label=f"{policy} ({arrival})")
         for (arrival, points), style in zip(_cells(summary["p99_ms"]).items(), styles * 4, strict=False):
             loads, values = zip(*points, strict=True)
-            p99.plot(loads, values, style, marker="o", label=f"{policy} ({arrival})")
+            p99.plot(loads, values, style, color=f"C{i}", marker="o", label=f"{policy} ({arrival})")
     slo = result.get("slo_ms")
     attain.set(title=f"requests within the {slo} ms SLO", xlabel="offered load (fraction of capacity)",
                ylabel="attainment (%)")
