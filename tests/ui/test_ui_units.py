@@ -83,3 +83,31 @@ def test_figures_sum_workers_rate_from_counters_and_health() -> None:
     assert live.stats()["nodes"]["b"]["health"] == "down"
     assert [p["rate_rps"] for p in live.series()["a"]] == [0.0, 100.0, 0.0, 0.0]
     assert len(live.series(last=2)["a"]) == 2
+
+
+async def test_endpoints_without_a_broker_serve_what_the_sources_give() -> None:
+    import aiohttp
+
+    from flowserve.ui import UiServer, UiSettings, UiSources
+
+    topology = load_topology(REPO / "topologies" / "digits.yaml")
+    polls = iter([[_snap("pre", "w1", 1000, 10)], [_snap("pre", "w1", 3000, 30)]])
+
+    async def snapshots(_: object) -> list[dict]:
+        return next(polls, [])
+
+    ui = UiServer([topology], UiSources(snapshots=snapshots), UiSettings(port=0, poll_s=3600))
+    async with ui, aiohttp.ClientSession() as http:  # the poller's first read happens at start
+        await ui.poll_once()
+        async with http.get(f"{ui.url}/api/digits/stats") as res:
+            stats = await res.json()
+        assert stats["nodes"]["pre"]["counters"]["requests_ok"] == 30
+        assert stats["nodes"]["pre"]["rate_rps"] == 10.0
+        assert stats["nodes"]["model"]["health"] == "unknown"
+        assert stats["panels"] == {"drift": False, "lineage": False, "actions": False}
+        assert stats["drift"] == {} and stats["actions"] == [] and stats["error"] is None
+        async with http.get(f"{ui.url}/api/digits/lineage?id=abcdef012345") as res:
+            assert res.status == 404 and (await res.json())["error"] == "lineage is not available here"
+        async with http.get(f"{ui.url}/api/digits/history") as res:
+            history = await res.json()
+        assert [p["rate_rps"] for p in history["nodes"]["pre"]][-1] == 10.0
