@@ -24,6 +24,13 @@ function el(tag, attrs, parent, text) {
   return e;
 }
 
+// Everything read from the topics (error reasons, component descriptions, detector keys) is escaped
+// before it goes into markup: a request's content can end up in an error reason.
+function esc(v) {
+  return String(v === null || v === undefined ? "" : v).replace(/[&<>"']/g,
+    c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"})[c]);
+}
+
 function fmt(v, digits) {
   if (v === null || v === undefined) return "-";
   if (typeof v !== "number") return String(v);
@@ -101,7 +108,7 @@ function sparkline(parent, title, points, key, opts) {
   const box = document.createElement("div");
   box.className = "chart";
   const last = points.length ? points[points.length - 1][key] : null;
-  box.innerHTML = `<h3>${title}</h3><div class="metric"><span>${opts.unit || ""}</span><span>now ${fmt(last, 2)}</span></div>`;
+  box.innerHTML = `<h3>${esc(title)}</h3><div class="metric"><span>${esc(opts.unit)}</span><span>now ${esc(fmt(last, 2))}</span></div>`;
   const svg = el("svg", {viewBox: "0 0 240 54", preserveAspectRatio: "none"}, box);
   const vals = points.map(p => p[key]).filter(v => typeof v === "number");
   const top = Math.max(opts.top || 0, ...vals, 1e-9);
@@ -190,15 +197,15 @@ async function lookUp(ev) {
       const t = document.querySelector(`text.hop[data-hop="${CSS.escape(s.node)}"]`);
       if (t) t.textContent = `#${i + 1} ${fmt(s.batch_ms, 2)} ms`;
     });
-    const rows = lin.steps.map((s, i) => `<tr><td>${i + 1}</td><td><b>${s.node}</b><br><code>${s.component || ""}</code></td>` +
-      `<td>+${fmt(s.offset_ms, 1)} ms</td><td>${fmt(s.batch_ms, 2)} ms<br>batch ${s.batch_size} (#${s.batch_index})</td>` +
-      `<td>${s.inputs.map(x => `<code>${x.topic} p${x.partition}@${x.offset}</code><br>` +
-        (x.tensors || []).map(t => `<code>${t}</code>`).join("<br>")).join("<br>")}</td>` +
-      `<td>${s.error ? `<span class="error">${s.error}</span>` : "ok"}</td></tr>`).join("");
-    out.innerHTML = `<p>request <code id="lineage-rid">${lin.request_id}</code>: ${lin.steps.length} hop(s), trace <code>${lin.trace_id || "-"}</code></p>` +
+    const rows = lin.steps.map((s, i) => `<tr><td>${i + 1}</td><td><b>${esc(s.node)}</b><br><code>${esc(s.component)}</code></td>` +
+      `<td>+${esc(fmt(s.offset_ms, 1))} ms</td><td>${esc(fmt(s.batch_ms, 2))} ms<br>batch ${esc(s.batch_size)} (#${esc(s.batch_index)})</td>` +
+      `<td>${s.inputs.map(x => `<code>${esc(x.topic)} p${esc(x.partition)}@${esc(x.offset)}</code><br>` +
+        (x.tensors || []).map(t => `<code>${esc(t)}</code>`).join("<br>")).join("<br>")}</td>` +
+      `<td>${s.error ? `<span class="error">${esc(s.error)}</span>` : "ok"}</td></tr>`).join("");
+    out.innerHTML = `<p>request <code id="lineage-rid">${esc(lin.request_id)}</code>: ${lin.steps.length} hop(s), trace <code>${esc(lin.trace_id || "-")}</code></p>` +
       `<table id="lineage-table"><tr><th>#</th><th>node</th><th>start</th><th>batch time</th><th>inputs read (tensor summaries)</th><th></th></tr>${rows}</table>`;
   } catch (err) {
-    out.innerHTML = `<p class="error">${err.message}</p>`;
+    out.innerHTML = `<p class="error">${esc(err.message)}</p>`;
   }
 }
 
