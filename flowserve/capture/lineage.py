@@ -21,7 +21,7 @@ from typing import Any
 
 from flowserve.capture.inspect import resolve_base, summarize, tensor_json
 from flowserve.capture.reader import Decoded, Reader
-from flowserve.errors import FlowserveError
+from flowserve.errors import ErrorKind, FlowserveError
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology import names
 
@@ -38,8 +38,9 @@ class Step:
         return str(self.record.get("node"))
 
 
-def expand(body: dict[str, Any], request_id: str | None = None) -> list[dict[str, Any]]:
-    """The per-request lineage records in one stored record (all, or ``request_id``'s only).
+def expand(body: dict[str, Any], request_id: str | None = None, *, prefix: bool = False) -> list[dict[str, Any]]:
+    """The per-request lineage records in one stored record (all, or ``request_id``'s only; with
+    ``prefix``, those of every request id that starts with ``request_id``).
 
     A stage's record (``"v": 3``: the batches gathered between two commits; ``"v": 2``: one batch)
     expands to one dict per sampled request, each with the keys ``request_id, topology, version, node,
@@ -54,11 +55,11 @@ def expand(body: dict[str, Any], request_id: str | None = None) -> list[dict[str
     elif version == 2:
         batches = [(body.get("batch", {}), dict(body.get("timing", {})), body.get("requests", []))]
     else:
-        return [body] if request_id is None or body.get("request_id") == request_id else []
+        return [body] if _matches(body.get("request_id"), request_id, prefix) else []
     topics, out = body.get("topics", []), []
     for batch, timing, requests in batches:
         for rid, index, rows, partition, inputs, outputs, trace_id, span_id, error in requests:
-            if request_id is not None and rid != request_id:
+            if not _matches(rid, request_id, prefix):
                 continue
             out.append({
                 "v": 1, "request_id": rid, "topology": body.get("topology"), "version": body.get("version"),
@@ -72,14 +73,38 @@ def expand(body: dict[str, Any], request_id: str | None = None) -> list[dict[str
     return out
 
 
+def _matches(rid: Any, wanted: str | None, prefix: bool) -> bool:
+    if wanted is None:
+        return True
+    return isinstance(rid, str) and (rid.startswith(wanted) if prefix else rid == wanted)
+
+
+class AmbiguousRequestId(FlowserveError):
+    """A shortened request id that starts more than one sampled request's id."""
+
+
 async def lineage(kafka: KafkaSettings, request_id: str, topology: str, *, prefix: str = "fs",
                   with_tensors: bool = True, timeout_s: float = 30.0) -> list[Step]:
-    """The lineage steps of ``request_id`` in order of processing (redeliveries appear once per run)."""
+    """The lineage steps of ``request_id`` in order of processing (redeliveries appear once per run).
+
+    ``request_id`` may be shortened (``flowserve run --sample`` prints 12 characters): any request id
+    that starts with it matches, and :class:`AmbiguousRequestId` is raised when several requests do.
+    """
     base = resolve_base(topology, prefix)
     async with Reader(kafka, timeout_s=timeout_s) as reader:
-        records = await reader.read([names.lineage_topic(base)], contains=json.dumps(request_id).encode())
+        # no closing quote: the byte search also finds the ids that merely start with it
+        needle = json.dumps(request_id)[:-1].encode()
+        records = await reader.read([names.lineage_topic(base)], contains=needle)
         steps = [Step(rec) for r in records if isinstance(r.body, dict)
-                 for rec in expand(r.body, request_id) if rec.get("node")]
+                 for rec in expand(r.body, request_id, prefix=True) if rec.get("node")]
+        ids = {str(s.record.get("request_id")) for s in steps}
+        if request_id in ids:
+            steps = [s for s in steps if s.record.get("request_id") == request_id]
+        elif len(ids) > 1:
+            shown = ", ".join(sorted(ids)[:5])
+            raise AmbiguousRequestId(f"request id '{request_id}' is the start of {len(ids)} sampled requests' "
+                                     f"ids ({shown}{', ...' if len(ids) > 5 else ''}); give more characters",
+                                     kind=ErrorKind.INVALID_INPUT)
         steps.sort(key=lambda s: (s.record.get("timing", {}).get("start_ms", 0), s.node))
         if with_tensors:
             wanted = [(str(t), int(p), int(o)) for s in steps for t, p, o in s.record.get("inputs", [])]
@@ -103,7 +128,8 @@ def run_lineage(kafka: KafkaSettings, request_id: str, topology: str, *, fmt: st
             print(json.dumps({**s.record, "input_records": inputs}, separators=(",", ":")))
         return 0
     traces = {str(s.record["trace_id"]) for s in steps if s.record.get("trace_id")}
-    print(f"request {request_id}: {len(steps)} step(s); trace {', '.join(sorted(traces)) or 'none'}")
+    full = str(steps[0].record.get("request_id") or request_id)
+    print(f"request {full}: {len(steps)} step(s); trace {', '.join(sorted(traces)) or 'none'}")
     for s in steps:
         r = s.record
         batch, timing = r.get("batch", {}), r.get("timing", {})

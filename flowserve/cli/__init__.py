@@ -250,6 +250,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     # Apache Kafka as its start script runs it: the test suite's fast-start JVM would be measured instead
     with _broker(args.broker, args.broker_kind, server_jvm=True) as kafka:
         result = run_bench(args.workload, kafka, args)
+    if args.plot:
+        from flowserve.bench.plot import plot_result
+
+        plot_result(result, args.plot)
+        console.print(f"plot written to {args.plot}")
     print(json.dumps(result))
     return 0
 
@@ -332,6 +337,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     capture_commands(sub)  # inspect, lineage, drift
 
+    from flowserve.cli.ui import add_arguments as ui_arguments
+    from flowserve.cli.ui import cmd_ui
+
+    p = sub.add_parser("ui", help="a live web page of running topologies: graph, figures, charts, lineage")
+    ui_arguments(p)
+    p.set_defaults(func=cmd_ui)
+
     from flowserve.cli.measure import cmd_profile, cmd_stats
 
     p = sub.add_parser("profile", help="measure each node's execution time per batch size (saved beside the topology)")
@@ -361,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blocks", type=int, default=3,
                    help="capture: deploy afresh this many times per part (deployments differ on their own)")
     p.add_argument("--only", choices=["saturation", "detector"], help="capture: run one part of the bench")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw the result to this image (needs matplotlib)")
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -167,9 +167,9 @@ async def read_snapshots(topology: Topology, kafka: KafkaSettings, *, per_partit
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False, **kafka.client_kwargs())
-    await consumer.start()
     latest: dict[str, dict[str, Any]] = {}
     try:
+        await consumer.start()  # inside: a broker that cannot be reached still gets its consumer closed
         cluster = await consumer._client.fetch_all_metadata()  # noqa: SLF001 - consumer.topics() drops it
         partitions = cluster.partitions_for_topic(topology.metrics_topic) or set()
         tps = [TopicPartition(topology.metrics_topic, p) for p in sorted(partitions)]

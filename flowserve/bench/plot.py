@@ -1,0 +1,140 @@
+"""``flowserve bench ... --plot FILE.png``: a figure of a bench's result, drawn with matplotlib.
+
+One function per workload, each reading only the result dict the bench returns (so a result saved as
+JSON can be drawn again later). matplotlib is imported when a plot is drawn, never with flowserve, and
+only its object API is used (``Figure`` rendered by the Agg canvas): no pyplot state, no display.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flowserve.errors import FlowserveError
+
+Drawer = Callable[[Any, dict[str, Any]], None]
+
+
+def _figure(panels: int, width: float = 6.0) -> Any:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise FlowserveError("--plot needs matplotlib: pip install 'flowserve[plot]'") from None
+    return Figure(figsize=(width * panels, 4.5), layout="constrained")
+
+
+def _cells(values: dict[str, float | None]) -> dict[str, list[tuple[float, float]]]:
+    """``{"poisson@0.8": v}`` -> ``{"poisson": [(0.8, v), ...]}`` sorted by load (cells with no value left out)."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for key, value in values.items():
+        arrival, _, load = key.partition("@")
+        if value is not None:
+            out.setdefault(arrival, []).append((float(load), float(value)))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def batching(fig: Any, result: dict[str, Any]) -> None:
+    """Attainment and p99 against load, one line per policy and arrival process."""
+    attain, p99 = fig.subplots(1, 2)
+    styles = ["-", "--", ":", "-."]
+    for i, (policy, summary) in enumerate(result["policies"].items()):  # a colour per policy, a dash per arrival
+        for (arrival, points), style in zip(_cells(summary["attainment"]).items(), styles * 4, strict=False):
+            loads, values = zip(*points, strict=True)
+            attain.plot(loads, [100 * v for v in values], style, color=f"C{i}", marker="o",
+                        label=f"{policy} ({arrival})")
+        for (arrival, points), style in zip(_cells(summary["p99_ms"]).items(), styles * 4, strict=False):
+            loads, values = zip(*points, strict=True)
+            p99.plot(loads, values, style, color=f"C{i}", marker="o", label=f"{policy} ({arrival})")
+    slo = result.get("slo_ms")
+    attain.set(title=f"requests within the {slo} ms SLO", xlabel="offered load (fraction of capacity)",
+               ylabel="attainment (%)")
+    p99.set(title="p99 latency", xlabel="offered load (fraction of capacity)", ylabel="p99 latency (ms)",
+            yscale="log")
+    if slo:
+        p99.axhline(slo, color="red", linestyle="--", linewidth=1, label="SLO")
+    attain.legend(fontsize=7)
+    p99.legend(fontsize=7)
+
+
+def gateway(fig: Any, result: dict[str, Any]) -> None:
+    """Per topology: p99 and throughput against concurrency, the gateway and the Kafka client."""
+    runs = result["topologies"]
+    axes = fig.subplots(2, len(runs), squeeze=False)
+    for col, (name, run) in enumerate(runs.items()):
+        p99, rps = axes[0][col], axes[1][col]
+        for contender, label in (("gateway", "HTTP gateway"), ("async", "async Kafka client")):
+            levels = sorted(run[contender], key=int)
+            xs = [int(lvl) for lvl in levels]
+            p99.plot(xs, [run[contender][lvl]["p99_ms"] for lvl in levels], marker="o", label=label)
+            rps.plot(xs, [run[contender][lvl]["rps"] for lvl in levels], marker="o", label=label)
+        p99.set(title=f"{name}: p99", xlabel="concurrency (requests in flight)", ylabel="p99 latency (ms)",
+                xscale="log")
+        rps.set(title=f"{name}: throughput", xlabel="concurrency (requests in flight)",
+                ylabel="throughput (req/s)", xscale="log")
+        p99.legend(fontsize=8)
+        rps.legend(fontsize=8)
+
+
+def latency(fig: Any, result: dict[str, Any]) -> None:
+    """Per-hop p50 and p99, flowserve against the raw aiokafka chain."""
+    ax = fig.subplots()
+    import numpy as np
+
+    quantiles = ("p50", "p99")
+    x = np.arange(len(quantiles))
+    for i, (side, label) in enumerate((("raw", "raw aiokafka chain"), ("flowserve", "flowserve topology"))):
+        ax.bar(x + (i - 0.5) * 0.38, [result[f"{side}_hop_{q}_ms"] for q in quantiles], 0.38, label=label)
+    ax.set_xticks(x, [f"per hop {q}" for q in quantiles])
+    ax.set(title=f"latency per hop at {result.get('rate')} req/s", xlabel="quantile", ylabel="latency (ms)")
+    ax.legend()
+
+
+def passthrough(fig: Any, result: dict[str, Any]) -> None:
+    """Records per second through one stage, per contender."""
+    ax = fig.subplots()
+    labels = {"a_raw_send": "raw aiokafka\n(send per record)", "b_raw_batch": "raw aiokafka\n(batch API)",
+              "c_flowserve": "flowserve\nidentity node"}
+    ax.bar(list(labels.values()), [result[k] for k in labels], color=["#999", "#666", "#3b6fd6"])
+    ax.set(title=f"pass-through, {result.get('records')} records of {result.get('value_bytes')} B",
+           xlabel="contender", ylabel="throughput (records/s)")
+
+
+def capture(fig: Any, result: dict[str, Any]) -> None:
+    """Each ratio with its 95% interval; 1.0 is 'no cost'."""
+    ax = fig.subplots()
+    ratios = result["ratios"]
+    names = list(ratios)
+    values = [ratios[n]["ratio"] for n in names]
+    low = [v - ratios[n]["95ci"][0] for n, v in zip(names, values, strict=True)]
+    high = [ratios[n]["95ci"][1] - v for n, v in zip(names, values, strict=True)]
+    ax.errorbar(values, range(len(names)), xerr=[low, high], fmt="o", capsize=4)
+    ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(names)), [n.replace("_", " ") for n in names])
+    ax.set(title="capture: with / without, 95% intervals", xlabel="ratio", ylabel="comparison")
+
+
+def numbers(fig: Any, result: dict[str, Any]) -> None:
+    """Any other result: its top-level numbers as bars."""
+    ax = fig.subplots()
+    items = [(k, v) for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)]
+    ax.barh([k for k, _ in items], [v for _, v in items])
+    ax.set(title=str(result.get("workload", "bench")), xlabel="value", ylabel="figure")
+
+
+DRAWERS: dict[str, Drawer] = {"batching": batching, "gateway": gateway, "latency": latency,
+                              "passthrough": passthrough, "capture": capture}
+
+
+def plot_result(result: dict[str, Any], path: str | Path) -> Any:
+    """Draw ``result`` (what ``flowserve bench`` prints last) to ``path``; returns the matplotlib Figure."""
+    workload = str(result.get("workload", ""))
+    drawer = DRAWERS.get(workload, numbers)
+    panels = {"batching": 2, "gateway": len(result.get("topologies", {})) or 1}.get(workload, 1)
+    fig = _figure(panels, width=5.5 if workload == "gateway" else 6.5)
+    if workload == "gateway":
+        fig.set_figheight(8)
+    drawer(fig, result)
+    fig.suptitle(f"flowserve bench {workload}")
+    fig.savefig(path, dpi=110)
+    return fig

@@ -1,0 +1,117 @@
+"""``flowserve ui``: wires the capture readers into the page's server (features do not import each other)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from typing import TYPE_CHECKING, Any
+
+from flowserve.console import make_console
+
+if TYPE_CHECKING:
+    from flowserve.kafka.settings import KafkaSettings
+    from flowserve.topology.graph import Topology
+    from flowserve.ui import UiSettings, UiSources
+
+console = make_console(stderr=True)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topology", nargs="+", help="topology files of running topologies")
+    p.add_argument("--broker", required=True, help="bootstrap host:port of the Kafka they run on")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8090, help="port (default 8090; 0 picks a free one)")
+    p.add_argument("--token-file", help="bearer tokens, one per line (the gateway's); without it (and "
+                                        "FLOWSERVE_GATEWAY_TOKENS) there is no authentication")
+    p.add_argument("--poll", type=float, default=2.0, help="seconds between reads of the topics")
+
+
+def lineage_json(steps: list[Any]) -> dict[str, Any]:
+    """The page's view of :func:`flowserve.capture.lineage.lineage`'s steps: hops, timings, tensor summaries."""
+    from flowserve.capture.inspect import summarize
+
+    first = min((s.record.get("timing", {}).get("start_ms") or 0 for s in steps), default=0)
+    out = []
+    for s in steps:
+        r = s.record
+        timing, batch = r.get("timing", {}), r.get("batch", {})
+        inputs = []
+        for (topic, partition, offset), d in zip(r.get("inputs", []), s.inputs or [None] * len(r.get("inputs", [])),
+                                                 strict=False):
+            tensors = [] if d is None else [summarize(n, a) for n, a in d.tensors.items()]
+            inputs.append({"topic": topic, "partition": partition, "offset": offset, "tensors": tensors})
+        start = timing.get("start_ms")
+        out.append({"node": s.node, "component": r.get("component"), "start_ms": start,
+                    "offset_ms": (start - first) if start is not None else None, "batch_ms": timing.get("batch_ms"),
+                    "batch_size": batch.get("size"), "batch_index": batch.get("index"),
+                    "inputs": inputs, "error": r.get("error"),
+                    "outputs": [{"topic": t, "partition": p, "port": port} for t, p, port in r.get("outputs", [])]})
+    rid = str(steps[0].record.get("request_id")) if steps else ""
+    return {"request_id": rid, "trace_id": steps[0].record.get("trace_id") if steps else None, "steps": out}
+
+
+def sources(kafka: KafkaSettings) -> UiSources:
+    """The page's sources: metrics snapshots, drift detectors, lineage look-ups, control commands."""
+    from flowserve.capture.drift import drift_state
+    from flowserve.capture.inspect import inspect_records
+    from flowserve.capture.lineage import lineage
+    from flowserve.errors import ErrorKind, FlowserveError
+    from flowserve.runtime.metrics import read_snapshots
+    from flowserve.topology import names
+    from flowserve.ui import UiSources
+
+    async def snapshots(topology: Topology) -> list[dict[str, Any]]:
+        return await read_snapshots(topology, kafka, timeout_s=5.0)
+
+    async def drift(topology: Topology) -> dict[str, dict[str, Any]]:
+        return await drift_state(kafka, topology.name, prefix=topology.spec.prefix, timeout_s=5.0)
+
+    async def look_up(topology: Topology, request_id: str) -> dict[str, Any]:
+        steps = await lineage(kafka, request_id, topology.name, prefix=topology.spec.prefix, timeout_s=10.0)
+        if not steps:
+            raise FlowserveError(f"no lineage for request '{request_id}' in {topology.lineage_topic}: is "
+                                 "'capture: {lineage: true}' set and was the request sampled?",
+                                 kind=ErrorKind.UNKNOWN)
+        return lineage_json(steps)
+
+    async def actions(topology: Topology) -> list[dict[str, Any]]:
+        try:
+            records = await inspect_records(kafka, f"{topology.name}.{names.CONTROL}",
+                                            prefix=topology.spec.prefix, last=50, timeout_s=5.0)
+        except FlowserveError:  # no control topic yet: nobody sent a command
+            return []
+        return [{"ts_ms": r.timestamp_ms, "source": "control", "action": r.body} for r in records
+                if r.body is not None]
+
+    return UiSources(snapshots=snapshots, drift=drift, lineage=look_up, actions=actions)
+
+
+def serve_blocking(topologies: list[Topology], kafka: KafkaSettings, settings: UiSettings) -> int:
+    from flowserve.ui import UiServer
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with UiServer(topologies, sources(kafka), settings) as ui:
+            console.print(f"[green]ui[/] {', '.join(t.name for t in topologies)} at [bold]{ui.url}/[/] "
+                          f"(auth {'on: open ' + ui.url + '/#token=TOKEN' if settings.tokens else 'off'}); "
+                          "Ctrl-C to stop")
+            print(ui.url, flush=True)
+            await stop.wait()
+
+    asyncio.run(main())
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from flowserve.gateway.settings import GatewaySettings
+    from flowserve.kafka.settings import KafkaSettings
+    from flowserve.topology import load_topology
+    from flowserve.ui import UiSettings
+
+    tokens = GatewaySettings.from_env(args.token_file).tokens  # the gateway's tokens, from the same places
+    settings = UiSettings(host=args.host, port=args.port, poll_s=args.poll, tokens=tokens)
+    return serve_blocking([load_topology(p) for p in args.topology], KafkaSettings.from_env(args.broker), settings)
