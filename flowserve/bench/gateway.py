@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -68,8 +69,11 @@ async def _closed_loop(call: Any, concurrency: int, seconds: float, n_inputs: in
 
 
 def _start_gateway(kafka: KafkaSettings, path: Path) -> tuple[subprocess.Popen[str], str]:
+    # The gateway reads its connection from --broker and FLOWSERVE_* variables, as the workers do: the
+    # embedded broker answers a fetch only when its wait ends, so the gateway must get that broker's wait.
+    env = {**os.environ, "FLOWSERVE_FETCH_MAX_WAIT_MS": str(kafka.fetch_max_wait_ms)}
     proc = subprocess.Popen([sys.executable, "-m", "flowserve", "gateway", str(path), "--broker",
-                             kafka.bootstrap, "--port", "0"], stdout=subprocess.PIPE, text=True)
+                             kafka.bootstrap, "--port", "0"], stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
     if not url.startswith("http://"):
