@@ -9,7 +9,7 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,10 +67,12 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def _wait_for_stop() -> None:
-    """Return on SIGINT or SIGTERM (see :func:`_stop_on_sigterm`); a second SIGTERM while the caller cleans
-    up is ignored, a second Ctrl-C still interrupts."""
+def _wait_for_stop(announce: Callable[[], None] = lambda: None) -> None:
+    """``announce`` (e.g. print an address), then return on SIGINT or SIGTERM (see :func:`_stop_on_sigterm`),
+    also one that comes while announcing; a second SIGTERM while the caller cleans up is ignored, a
+    second Ctrl-C still interrupts."""
     try:
+        announce()
         while True:
             signal.pause()
     except KeyboardInterrupt:
@@ -189,8 +191,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 from flowserve.cli.gateway import GatewaySettings, serve_blocking
 
                 return serve_blocking([topology], kafka, GatewaySettings.from_env(port=args.gateway_port))
-            console.print("Ctrl-C to stop")
-            _wait_for_stop()
+            _wait_for_stop(lambda: console.print("Ctrl-C to stop"))
             return 0
         finally:
             with console.status("stopping workers…"):
@@ -232,13 +233,16 @@ def cmd_broker(args: argparse.Namespace) -> int:
         broker: Any = EmbeddedBroker.start(port=args.port)
     else:
         broker = ApacheKafka.start(nodes=args.nodes, port=args.port)
-    print(broker.bootstrap, flush=True)
-    if broker.fetch_max_wait_ms != KafkaSettings.model_fields["fetch_max_wait_ms"].default:
-        # it answers a fetch only when the fetch's wait ends: clients elsewhere must keep the wait short
-        print(f"clients of this broker: export FLOWSERVE_FETCH_MAX_WAIT_MS={broker.fetch_max_wait_ms}",
-              file=sys.stderr, flush=True)
+
+    def announce() -> None:
+        print(broker.bootstrap, flush=True)
+        if broker.fetch_max_wait_ms != KafkaSettings.model_fields["fetch_max_wait_ms"].default:
+            # it answers a fetch only when the fetch's wait ends: clients elsewhere must keep the wait short
+            print(f"clients of this broker: export FLOWSERVE_FETCH_MAX_WAIT_MS={broker.fetch_max_wait_ms}",
+                  file=sys.stderr, flush=True)
+
     try:
-        _wait_for_stop()
+        _wait_for_stop(announce)
     finally:
         broker.stop()
     return 0
