@@ -213,3 +213,60 @@ def register(sub: Any) -> None:
     p.add_argument("--out", help="plan file (default: <topology>.plan.json)")
     p.add_argument("-v", "--verbose", action="store_true", help="log each search step")
     p.set_defaults(func=cmd_plan)
+    register_tune(sub)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    import signal
+    import time
+    from pathlib import Path
+
+    from flowserve.kafka.settings import KafkaSettings
+    from flowserve.runtime.host import ProcessHost, create_topology_topics
+    from flowserve.topology import load_topology
+    from flowserve.tuning.plan import apply_plan, load_plan
+    from flowserve.tuning.tuner import KubernetesScaler, LocalScaler, Scaler, tune
+
+    plan = load_plan(args.plan)
+    topology = apply_plan(load_topology(args.topology), plan)
+    kafka = KafkaSettings.from_env(args.broker)
+    host = None
+    scaler: Scaler
+    if args.kubernetes:
+        scaler = KubernetesScaler(topology.name, args.kubernetes)
+    else:
+        host = ProcessHost(Path(args.topology), topology, kafka, extra_args=["--plan", args.plan])
+        asyncio.run(create_topology_topics(topology, kafka))
+        host.start_processes()
+        scaler = LocalScaler(host)
+    err.print(f"tuning '{topology.name}': {plan.partitions} partitions, SLO {plan.slo_ms:g} ms; Ctrl-C to stop")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await tune(topology, plan, kafka, scaler, stop=stop, hold_s=args.hold_s, hysteresis=args.hysteresis,
+                   horizon_s=args.horizon_s,
+                   on_action=lambda a: out.print(f"{time.strftime('%H:%M:%S')} scale {a.stage} "
+                                                 f"{a.before} -> {a.after}: {a.reason}"))
+
+    try:
+        asyncio.run(main())
+    finally:
+        if host is not None:
+            host.stop()
+    return 0
+
+
+def register_tune(sub: Any) -> None:
+    p = sub.add_parser("tune", help="resize each stage's consumers as the live arrival envelope changes")
+    p.add_argument("topology")
+    p.add_argument("--plan", required=True)
+    p.add_argument("--broker", required=True)
+    p.add_argument("--hold-s", type=float, default=30.0, help="stay below this long before scaling down")
+    p.add_argument("--hysteresis", type=float, default=0.25, help="scale down only below (1 - h) of the need")
+    p.add_argument("--horizon-s", type=float, default=60.0, help="longest envelope window (seconds of history)")
+    p.add_argument("--kubernetes", metavar="NAMESPACE",
+                   help="patch Deployments <topology>-<node> there instead of starting local workers")
+    p.set_defaults(func=cmd_tune)

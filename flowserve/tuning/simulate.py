@@ -163,7 +163,7 @@ def simulate(stages: Sequence[SimStage], arrivals: Sequence[float] | np.ndarray,
         busy_time[sid] += service
         batches[sid] += 1
         batched[sid] += take
-        for req, enq in batch:
+        for _req, enq in batch:
             waits[sid].append(t - enq)
         push(t + service, DONE, sid, k, [req for req, _ in batch])
 
