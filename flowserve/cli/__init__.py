@@ -337,7 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
     planning_commands(sub)  # trace, simulate, plan, tune
 
     p = sub.add_parser("bench", help="benchmarks: flowserve and its baseline in one run, with the ratio")
-    p.add_argument("workload", choices=["passthrough", "latency", "gateway", "capture", "batching"])
+    p.add_argument("workload", choices=["passthrough", "latency", "gateway", "capture", "batching", "tuner",
+                                        "simulate"])
     broker_opts(p)
     p.add_argument("--records", type=int, default=200_000, help="passthrough: records per contender")
     p.add_argument("--rate", type=float, default=50.0, help="latency, capture's detector part: requests per second")
@@ -349,6 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blocks", type=int, default=3,
                    help="capture: deploy afresh this many times per part (deployments differ on their own)")
     p.add_argument("--only", choices=["saturation", "detector"], help="capture: run one part of the bench")
+    p.add_argument("--part", choices=["simulate", "tuner"], help="tuner: run one section of the bench")
+    p.add_argument("--tuner-rate", type=float, default=30.0, help="tuner, simulate: base request rate")
+    p.add_argument("--trace-seconds", type=float, default=40.0, help="tuner, simulate: length of each trace")
+    p.add_argument("--slo-ms", type=float, default=600.0, help="tuner: end-to-end SLO")
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -6,7 +6,8 @@ to their input's partition); an idle consumer takes what is queued on its partit
 (the ``lag`` batch policy a plan configures), holds its device for the batch's service time (the table's
 figure, linear between listed sizes, times a seeded gamma jitter), then emits the batch downstream. Every
 edge (client -> first stage, stage -> stage, last stage -> client) costs ``hop_s``, the per-hop Kafka
-latency measured on this machine. A node with several inputs joins per request (``inner``: all of them,
+latency measured on this machine: a constant, or an array of measured hop times to draw each hop from
+(a broker whose fetches wait makes hop times spread widely). A node with several inputs joins per request (``inner``: all of them,
 ``any``: the first); a routing node sends a request down each output port with that port's share.
 
 Not modelled: rebalance pauses (a static plan has none; the tuner's actions pay one live), fetch batching
@@ -112,7 +113,7 @@ def _order(stages: Sequence[SimStage]) -> dict[str, list[tuple[str, str]]]:
 
 
 def simulate(stages: Sequence[SimStage], arrivals: Sequence[float] | np.ndarray, *, partitions: int,
-             hop_s: float = 0.002, jitter: float = 0.05, seed: int = 0) -> SimResult:
+             hop_s: float | np.ndarray = 0.002, jitter: float = 0.05, seed: int = 0) -> SimResult:
     """Run ``arrivals`` (seconds) through ``stages`` (topological order); per-request latency and per-stage stats."""
     arr = np.sort(np.asarray(arrivals, dtype=float))
     n = arr.size
@@ -178,11 +179,21 @@ def simulate(stages: Sequence[SimStage], arrivals: Sequence[float] | np.ndarray,
             lo += share
         return False
 
+    hops = np.asarray(hop_s, dtype=float).reshape(-1)
+    hop_draws: list[float] = []
+
+    def hop() -> float:
+        if hops.size == 1:
+            return float(hops[0])
+        if not hop_draws:
+            hop_draws.extend(rng.choice(hops, 4096).tolist())
+        return hop_draws.pop()
+
     firsts = [s.id for s in stages if any(src is None for src, _ in s.inputs)]
     for req, t in enumerate(arr.tolist()):
         for sid in firsts:
             seq += 1
-            events.append((t + hop_s, seq, ARRIVE, sid, -1, req))
+            events.append((t + hop(), seq, ARRIVE, sid, -1, req))
     heapq.heapify(events)
     while events:
         t, _, kind, sid, k, payload = heapq.heappop(events)
@@ -204,10 +215,10 @@ def simulate(stages: Sequence[SimStage], arrivals: Sequence[float] | np.ndarray,
             if by_id[sid].output:
                 remaining[req] -= 1
                 if remaining[req] == 0:
-                    done_at[req] = t + hop_s
+                    done_at[req] = t + hop()
             for dst, port in down[sid]:
                 if emitted(sid, port, req):
-                    push(t + hop_s, ARRIVE, dst, -1, req)
+                    push(t + hop(), ARRIVE, dst, -1, req)
         if queues[sid][k]:
             start(t, sid, k)
     span = (max(float(arr[-1]), float(np.max(done_at[np.isfinite(done_at)], initial=0.0))) if n else 1.0) or 1.0
