@@ -35,6 +35,7 @@ from flowserve.bench.common import console, run_id
 from flowserve.client import TopologyClient
 from flowserve.client.replay import ReplayReport, replay
 from flowserve.client.traffic import wait_ready
+from flowserve.errors import FlowserveError
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime import hardware as hw
 from flowserve.runtime.host import ProcessHost, create_topology_topics
@@ -119,7 +120,12 @@ async def simulate_section(kafka: KafkaSettings, tmp: Path, hops: np.ndarray, *,
     for name, slo in PIPELINES.items():
         trace = generate("poisson", rate=rate, seconds=seconds, seed=1)
         path = _fresh(name, tmp)
-        plan = make_plan(load_topology(path), trace.arrivals, slo, hop_ms=hop_ms)
+        try:
+            plan = make_plan(load_topology(path), trace.arrivals, slo, hop_ms=hop_ms)
+        except FlowserveError as exc:  # the measured hops alone may exceed the SLO on a loaded machine
+            console.print(f"simulate {name}: no plan: {exc}")
+            rows.append({"pipeline": name, "slo_ms": slo, "error": str(exc)})
+            continue
         host, topology, _ = await _deployed(path, kafka, plan, tmp)
         try:
             live = await _replay(topology, kafka, trace)
@@ -195,7 +201,7 @@ async def _control(_: TopologyClient, *, contender: str, kafka: KafkaSettings, t
                    scaler: LocalScaler, host: ProcessHost, prices: dict[str, float], stop: asyncio.Event,
                    meter: dict[str, float], actions: list[Action]) -> None:
     """What runs beside the replay: the cost meter, and the contender's controller (none for static)."""
-    tasks = [asyncio.create_task(_metered(host, prices, stop, meter))]
+    tasks: list[asyncio.Task[Any]] = [asyncio.create_task(_metered(host, prices, stop, meter))]
     if contender == "reactive":
         tasks.append(asyncio.create_task(_reactive(kafka, topology, scaler, stop, actions, threshold=20,
                                                    cooldown_s=10)))
@@ -263,6 +269,9 @@ def _print(sim_rows: list[dict[str, Any]], tuner_rows: list[dict[str, Any]], hop
     for col in ("pipeline", "SLO ms", "plan", "$/h", "sim p50", "live p50", "sim p99", "live p99", "sim/live p99"):
         out.add_column(col, justify="left" if col in ("pipeline", "plan") else "right")
     for r in sim_rows:
+        if "error" in r:
+            out.add_row(r["pipeline"], f"{r['slo_ms']:.0f}", r["error"], *[""] * 6)
+            continue
         plan = ", ".join(f"{k}: {v['hardware']} b{v['max_batch']} x{v['consumers']}" for k, v in r["plan"].items())
         out.add_row(r["pipeline"], f"{r['slo_ms']:.0f}", plan, f"{r['cost_per_hour']:.3f}", f"{r['sim_p50_ms']:.1f}",
                     f"{r['live_p50_ms']:.1f}", f"{r['sim_p99_ms']:.1f}", f"{r['live_p99_ms']:.1f}",
@@ -301,5 +310,6 @@ async def tuner_bench(kafka: KafkaSettings, *, rate: float = 30.0, seconds: floa
         targets["tuner_misses_le_fifth_of_reactive"] = sum(by[(t, "tuner")]["misses"] for t in traces) <= \
             reactive_misses / 5
     if sim_rows:
-        targets["simulator_p99_within_15pct_of_live"] = all(abs(r["p99_ratio"] - 1) <= 0.15 for r in sim_rows)
+        targets["simulator_p99_within_15pct_of_live"] = all("error" not in r and abs(r["p99_ratio"] - 1) <= 0.15
+                                                            for r in sim_rows)
     return {"workload": "tuner", "hop_ms": hop_ms, "simulate": sim_rows, "tuner": tuner_rows, "targets": targets}

@@ -104,7 +104,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     result = simulate(sim_stages(options, plan.stages), trace.arrivals, partitions=plan.partitions,
                       hop_s=hop_ms / 1000, seed=args.seed)
     slo_ms = args.slo_ms or plan.slo_ms
-    summary = {"requests": int(result.latency_s.size), "p50_ms": result.percentile(50) * 1000,
+    summary: dict[str, Any] = {"requests": int(result.latency_s.size), "p50_ms": result.percentile(50) * 1000,
                "p99_ms": result.percentile(99) * 1000, "attainment": result.attainment(slo_ms / 1000),
                "slo_ms": slo_ms, "hop_ms": hop_ms,
                "stages": {k: {"utilisation": s.utilisation, "mean_batch": s.mean_batch,

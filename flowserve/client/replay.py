@@ -9,6 +9,7 @@ each tick as one produce batch; replies are matched by their futures' callbacks 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -85,7 +86,7 @@ async def replay(client: TopologyClient, arrivals: Sequence[float] | np.ndarray,
             rid = new_request_id()
             report.request_ids.append(rid)
             future = client.expect(rid, timeout / 1000 + 1.0)
-            future.add_done_callback(lambda f, j=j: done(j, f))
+            future.add_done_callback(functools.partial(done, j))
             futures.append(future)
             await client.queue(request(j), request_id=rid, timeout_ms=timeout)
         await client.flush()

@@ -17,6 +17,7 @@ adding partitions. ``flowserve run --plan`` and ``flowserve worker --plan`` appl
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -125,16 +126,16 @@ def apply_plan(topology: Topology, plan: Plan) -> Topology:
     for node_id, cfg in plan.stages.items():
         if node_id not in nodes:
             raise FlowserveError(f"the plan names node '{node_id}', which topology '{topology.name}' lacks")
-        spec = nodes[node_id]
-        params = dict(spec.params)
+        node = nodes[node_id]
+        params = dict(node.params)
         param = topology.nodes[node_id].component.hardware_param
         if param is not None:
             params[param] = cfg.hardware
-        nodes[node_id] = spec.model_copy(update={
+        nodes[node_id] = node.model_copy(update={
             "replicas": cfg.consumers, "max_batch": cfg.max_batch, "params": params,
             "batching": BatchingSpec(policy="lag")})
-    spec = topology.spec.model_copy(update={"nodes": nodes, "partitions": plan.partitions})
-    return compile_spec(spec, topology.source)
+    return compile_spec(topology.spec.model_copy(update={"nodes": nodes, "partitions": plan.partitions}),
+                        topology.source)
 
 
 # -- the search ------------------------------------------------------------------------------------
@@ -174,7 +175,10 @@ def search(options: Sequence[StageOptions], arrivals: np.ndarray, slo_s: float, 
     def ok(result: SimResult) -> bool:
         return result.percentile(percentile) <= slo_s
 
-    fastest = {o.id: min(o.tables, key=lambda k, o=o: o.tables[k][min(o.tables[k])]) for o in options}
+    def batch_one(o: StageOptions, kind: str) -> float:
+        return o.tables[kind][min(o.tables[kind])]
+
+    fastest = {o.id: min(o.tables, key=functools.partial(batch_one, o)) for o in options}
     config = {o.id: StageConfig(fastest[o.id], 1, 1) for o in options}
     result = run(config)
     while not ok(result):

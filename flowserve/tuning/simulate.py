@@ -7,8 +7,9 @@ to their input's partition); an idle consumer takes what is queued on its partit
 figure, linear between listed sizes, times a seeded gamma jitter), then emits the batch downstream. Every
 edge (client -> first stage, stage -> stage, last stage -> client) costs ``hop_s``, the per-hop Kafka
 latency measured on this machine: a constant, or an array of measured hop times to draw each hop from
-(a broker whose fetches wait makes hop times spread widely). A node with several inputs joins per request (``inner``: all of them,
-``any``: the first); a routing node sends a request down each output port with that port's share.
+(a broker whose fetches wait makes hop times spread widely). A node with several inputs joins per
+request (``inner``: all of them, ``any``: the first); a routing node sends a request down each output
+port with that port's share.
 
 Not modelled: rebalance pauses (a static plan has none; the tuner's actions pay one live), fetch batching
 beyond ``hop_s``, and CPU contention between stages.
