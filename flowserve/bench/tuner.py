@@ -10,10 +10,11 @@ several consumers), four traces (steady, a 2x step, gamma CV 4, diurnal compress
 contenders each deployed afresh per trace: **static** provisioning for the peak (the plan for a Poisson
 trace at the trace's peak rate), a **reactive** lag-threshold autoscaler as KEDA runs it (replicas =
 ceil(lag / threshold), immediate scale-out, scale-in after a cooldown, bounded by the partitions), and the
-flowserve **tuner**. Per trace and contender: SLO attainment, p99, cost (replica-seconds x price) and
-scaling actions. Targets: the tuner attains >= 99% on every trace; its cost is <= 0.6x static's on the
-step and diurnal traces; its misses are <= 1/5 of the reactive autoscaler's; the simulator's p99 is
-within 15% of the live p99 for every pipeline.
+flowserve **tuner** (both adaptive ones start from the plan for the trace's mean rate). Per trace and
+contender: SLO attainment, p99, cost (replica-seconds x price) and scaling actions. Targets: the tuner
+attains >= 99% on every trace; its cost is <= 0.6x static's on the step and diurnal traces; its misses
+are <= 1/5 of the reactive autoscaler's; the simulator's p99 is within 15% of the live p99 for every
+pipeline.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime import hardware as hw
 from flowserve.runtime.host import ProcessHost, create_topology_topics
 from flowserve.topology.graph import Topology, load_topology
-from flowserve.tuning.plan import Plan, StageConfig, apply_plan, make_plan, save_plan, sim_stages, stage_options
+from flowserve.tuning.plan import Plan, apply_plan, make_plan, save_plan, sim_stages, stage_options
 from flowserve.tuning.simulate import simulate
 from flowserve.tuning.traces import Trace, generate
 from flowserve.tuning.tuner import Action, LocalScaler, tune
@@ -234,8 +235,10 @@ async def tuner_section(kafka: KafkaSettings, tmp: Path, hop_ms: float, *, rate:
         base = load_topology(_fresh("image-processing", tmp))
         peak = make_plan(base, generate("poisson", rate=_peak_rate(trace), seconds=30, seed=5).arrivals, slo_ms,
                          hop_ms=hop_ms, prices=prices)
-        start = Plan(peak.topology, slo_ms, peak.partitions, hop_ms,
-                     {k: StageConfig(v.hardware, v.max_batch, 1) for k, v in peak.stages.items()})
+        # the adaptive contenders start from the plan for the trace's mean rate, on the peak's partitions
+        mean = make_plan(base, generate("poisson", rate=trace.rate, seconds=30, seed=6).arrivals, slo_ms,
+                         hop_ms=hop_ms, prices=prices)
+        start = Plan(peak.topology, slo_ms, peak.partitions, hop_ms, dict(mean.stages))
         for contender in ("static", "reactive", "tuner"):
             plan = peak if contender == "static" else Plan(**{**vars(start), "stages": dict(start.stages)})
             host, topology, _ = await _deployed(_fresh("image-processing", tmp), kafka, plan, tmp)

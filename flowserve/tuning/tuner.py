@@ -123,8 +123,8 @@ class Controller:
 
 
 def targets_from_plan(options: Sequence[StageOptions], plan: Plan) -> list[StageTarget]:
-    """Per stage: the plan's batch and its batch time, an SLO share proportional to that batch time
-    (after the hops), and the stage's share of the traffic as routing divides it."""
+    """Per stage: the plan's batch and its batch time, an SLO share (that batch time plus an equal part of
+    what the SLO leaves after hops and batch times), and the stage's share of the traffic."""
     share: dict[str, float] = {}
     for o in options:  # topological order
         parts = []
@@ -137,9 +137,11 @@ def targets_from_plan(options: Sequence[StageOptions], plan: Plan) -> list[Stage
         share[o.id] = (sum(parts) if o.join == "any" else min(parts)) if parts else 1.0
     times = {o.id: batch_time(o.tables[plan.stages[o.id].hardware], plan.stages[o.id].max_batch) for o in options}
     budget = plan.slo_ms / 1000 - plan.hop_ms / 1000 * (len(options) + 1)
-    total = sum(times.values()) or 1.0
-    return [StageTarget(o.id, plan.stages[o.id].max_batch, times[o.id], max(0.0, budget) * times[o.id] / total,
-                        share[o.id], plan.partitions) for o in options]
+    # each stage gets its batch time plus an equal part of the queueing slack: a share proportional to
+    # batch time would leave a sub-millisecond stage no room for the bursts a produce batch makes
+    slack = max(0.0, budget - sum(times.values())) / max(1, len(options))
+    return [StageTarget(o.id, plan.stages[o.id].max_batch, times[o.id], times[o.id] + slack, share[o.id],
+                        plan.partitions) for o in options]
 
 
 class Scaler(Protocol):
