@@ -7,7 +7,8 @@ cascade's expensive stage sees only its unsure share), and asks, per stage, how 
 rate-latency service curve ``R = c n / l(n)``, ``T = l(n)`` needs so that the delay bound
 ``T + b / R`` stays within the stage's share of the SLO and ``R`` covers every window's rate.
 
-- more consumers than running: **scale up at once**;
+- more consumers than running: **scale up at once**, at most doubling, then leave the stage alone for
+  ``settle_s`` while its group rebalances;
 - fewer, with the envelope inflated by ``hysteresis``, for ``hold_s`` on end: **scale down** to that;
 - never beyond the topology's partitions (consumers past them would sit idle), never below one.
 
@@ -88,8 +89,12 @@ class Controller:
     hold_s: float = 30.0
     hysteresis: float = 0.25
     horizon_s: float = 60.0
+    #: after an action on a stage, leave it alone this long: its group is rebalancing, and the envelope
+    #: it sees meanwhile holds the backlog the pause built, not new traffic
+    settle_s: float = 5.0
     _arrivals: deque[float] = field(default_factory=deque)
     _below_since: dict[str, float] = field(default_factory=dict)
+    _last_action: dict[str, float] = field(default_factory=dict)
 
     def observe(self, times_s: Sequence[float] | np.ndarray) -> None:
         self._arrivals.extend(float(t) for t in times_s)
@@ -106,10 +111,14 @@ class Controller:
         for t in self.targets:
             family = self.envelope(now, min(t.batch_s, self.horizon_s / 2))
             have = current.get(t.id, 1)
+            if now - self._last_action.get(t.id, -math.inf) < self.settle_s:
+                continue
             up, why = needed_consumers(family, t)
             if up > have:
                 self._below_since.pop(t.id, None)
-                actions.append(Action(t.id, have, up, now, why))
+                self._last_action[t.id] = now
+                # at most double per step: each step costs a rebalance, and the next one sees its effect
+                actions.append(Action(t.id, have, min(up, 2 * have), now, why))
                 continue
             down, why_down = needed_consumers(family, t, scale=1.0 + self.hysteresis)
             if down >= have:
@@ -118,6 +127,7 @@ class Controller:
             since = self._below_since.setdefault(t.id, now)
             if now - since >= self.hold_s:
                 self._below_since.pop(t.id, None)
+                self._last_action[t.id] = now
                 actions.append(Action(t.id, have, down, now, f"below for {now - since:.0f} s: {why_down}"))
         return actions
 
@@ -226,10 +236,10 @@ async def run_tuner(controller: Controller, scaler: Scaler, *, interval_s: float
 
 async def tune(topology: Topology, plan: Plan, kafka: KafkaSettings, scaler: Scaler, *, stop: asyncio.Event,
                hold_s: float = 30.0, hysteresis: float = 0.25, horizon_s: float = 60.0, interval_s: float = 1.0,
-               on_action: Callable[[Action], None] | None = None) -> list[Action]:
+               settle_s: float = 5.0, on_action: Callable[[Action], None] | None = None) -> list[Action]:
     """Tail the topology's inputs topic and resize its stages through ``scaler`` until ``stop`` is set."""
     targets = targets_from_plan(stage_options(topology), plan)
-    controller = Controller(targets, hold_s=hold_s, hysteresis=hysteresis, horizon_s=horizon_s)
+    controller = Controller(targets, hold_s=hold_s, hysteresis=hysteresis, horizon_s=horizon_s, settle_s=settle_s)
     tail = asyncio.create_task(tail_arrivals(kafka, topology.inputs_topic, topology.spec.partitions,
                                              controller.observe, stop))
     try:

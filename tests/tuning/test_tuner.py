@@ -28,13 +28,17 @@ def _arrivals(rate: float, start: float, end: float) -> np.ndarray:
 
 
 def test_scales_up_at_once_and_down_after_the_hold() -> None:
-    ctl = Controller([TARGET], hold_s=5, hysteresis=0.25, horizon_s=4)
+    ctl = Controller([TARGET], hold_s=5, hysteresis=0.25, horizon_s=4, settle_s=1.5)
     ctl.observe(_arrivals(50, 0, 10))
     assert ctl.decide(10.0, {"m": 1}) == []
-    ctl.observe(_arrivals(250, 10, 12))  # the rate steps up
+    ctl.observe(_arrivals(250, 10, 12))  # the rate steps up: 3 consumers needed, at most double per step
     (up,) = ctl.decide(12.0, {"m": 1})
-    assert (up.before, up.after) == (1, 3) and "rate" in up.reason
-    ctl.observe(_arrivals(250, 12, 14))
+    assert (up.before, up.after) == (1, 2) and "rate" in up.reason
+    ctl.observe(_arrivals(250, 12, 13))
+    assert ctl.decide(13.0, {"m": 2}) == []  # settling: the group is rebalancing
+    ctl.observe(_arrivals(250, 13, 14))
+    (up,) = ctl.decide(14.0, {"m": 2})
+    assert (up.before, up.after) == (2, 3)
     assert ctl.decide(14.0, {"m": 3}) == []
     ctl.observe(_arrivals(50, 14, 30))  # and back down
     decisions = {t: ctl.decide(float(t), {"m": 3}) for t in range(15, 31)}
