@@ -40,7 +40,8 @@ class ReplayReport:
         """Latency percentile over every request; a request with no answer counts as infinitely late."""
         if not self.sent:
             return float("nan")
-        return float(np.percentile(np.nan_to_num(self.latency_s, nan=np.inf), q))
+        # "higher": no interpolation, which would turn inf - inf into NaN
+        return float(np.percentile(np.nan_to_num(self.latency_s, nan=np.inf), q, method="higher"))
 
     def attainment(self, slo_s: float) -> float:
         """Share of requests answered without error within ``slo_s``."""

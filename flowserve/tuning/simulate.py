@@ -66,7 +66,8 @@ class SimResult:
     stages: dict[str, StageStats]
 
     def percentile(self, q: float) -> float:
-        return float(np.percentile(self.latency_s, q)) if self.latency_s.size else 0.0
+        # "higher": no interpolation, which would turn inf - inf (requests never completed) into NaN
+        return float(np.percentile(self.latency_s, q, method="higher")) if self.latency_s.size else 0.0
 
     def attainment(self, slo_s: float) -> float:
         return float(np.mean(self.latency_s <= slo_s)) if self.latency_s.size else 1.0
