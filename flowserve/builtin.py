@@ -9,11 +9,32 @@ Their ports come from params, so one class fits any tensor::
       inputs: {image: input.image}
 
 :func:`sample` makes requests for ``topologies/echo.yaml`` (``flowserve run echo.yaml --sample 20``).
+
+**Emulated accelerators** hold a device for a batch's service time without burning CPU. A planner
+needs stages whose service time depends on the batch size and the hardware, as a model's on a GPU
+does, and a 2-core machine hosts few such models for real. :class:`Accelerator` passes its inputs
+through after holding its replica's device (one batch at a time per worker) for the time the model's
+latency table gives on the configured hardware kind, times a seeded random jitter; it sleeps in the
+worker's offload thread, so a machine can host many "GPU" replicas and still show queueing, batching
+and scaling honestly. :class:`Split` sends a seeded, fixed share of requests to a second port (a
+cascade's "unsure" branch). Tables and prices: :mod:`flowserve.runtime.hardware`.
+
+The API is two components and their params::
+
+    classify:
+      component: flowserve.builtin:Accelerator
+      params: {model: resnet50, hardware: gpu-small, ports: {x: {datatype: FP32, shape: [-1, 4]}}}
+      inputs: {x: pre.x}
+
+``topologies/image-processing.yaml`` and ``topologies/cascade-emulated.yaml`` are built from them;
+:func:`emulated_sample` makes their requests.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+import threading
 import time
 from typing import ClassVar, Literal
 
@@ -21,7 +42,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flowserve.component import Batch, Component, Port, Result
-from flowserve.errors import ComponentError
+from flowserve.errors import ComponentError, FlowserveError
+from flowserve.runtime import hardware as hw
 from flowserve.topology.spec import ID_PATTERN
 from flowserve.wire.tensors import DATATYPES
 
@@ -164,3 +186,123 @@ def sample(n: int, seed: int = 0) -> tuple[list[dict[str, np.ndarray]], list[Non
             for name, dtype in DATATYPES.items()
         })
     return requests, [None] * n
+
+
+# -- emulated accelerators -------------------------------------------------------------------------
+
+_DEFAULT_PORTS = {"x": PortParams(datatype="FP32", shape=[-1, 4])}
+
+
+class AcceleratorParams(IdentityParams):
+    ports: dict[str, PortParams] = Field(default_factory=lambda: dict(_DEFAULT_PORTS),
+                                         description="port name -> {datatype, shape}; passed through")
+    model: str = Field(description="a model of flowserve.runtime.hardware.MODELS")
+    hardware: str = Field("gpu-small", description="hardware kind (cpu, gpu-small, gpu-large)")
+    #: coefficient of variation of the multiplicative jitter on each batch's service time.
+    jitter: float = Field(0.05, ge=0, le=1)
+    seed: int = Field(0, description="jitter seed (mixed with the node id and process id)")
+
+    @model_validator(mode="after")
+    def _known(self) -> AcceleratorParams:
+        try:
+            hw.batch_seconds(self.model, self.hardware, 1)
+        except FlowserveError as exc:  # its message names the models and kinds there are
+            raise ValueError(str(exc)) from None
+        return self
+
+
+class Accelerator(_PassThrough):
+    """Pass rows through after holding the emulated device for ``table(rows) * jitter`` seconds."""
+
+    Params: ClassVar[type[BaseModel]] = AcceleratorParams
+    offload: ClassVar[bool] = True
+    hardware_param: ClassVar[str | None] = "hardware"
+    #: a GPU's batches beyond 64 gain nothing in these tables; keep queues short.
+    max_batch: ClassVar[int] = 64
+
+    params: AcceleratorParams
+
+    def __init__(self, params: BaseModel | None = None, *, node: str = "") -> None:
+        super().__init__(params, node=node)
+        self._device = threading.Lock()  # one batch in flight per replica, as on a GPU
+        self._rng = np.random.default_rng(self.params.seed)
+
+    def setup(self) -> None:
+        # Each worker process jitters differently, reproducibly for a given node and seed.
+        digest = hashlib.blake2b(f"{self.node}:{threading.get_native_id()}".encode(), digest_size=8).digest()
+        self._rng = np.random.default_rng([self.params.seed, int.from_bytes(digest, "big")])
+
+    def service_seconds(self, rows: int) -> float:
+        """One draw of the service time of a batch of ``rows`` (mean: the table's figure)."""
+        mean = hw.batch_seconds(self.params.model, self.params.hardware, rows)
+        cv = self.params.jitter
+        if cv <= 0:
+            return mean
+        shape = 1.0 / (cv * cv)  # gamma with mean 1 and the given CV: positive, right-skewed like real runs
+        return mean * float(self._rng.gamma(shape, 1.0 / shape))
+
+    def latency_table(self, hardware: str | None = None) -> dict[int, float] | None:
+        kind = hardware or self.params.hardware
+        if kind not in hw.MODELS[self.params.model]:
+            return None
+        return hw.latency_table(self.params.model, kind)
+
+    def process(self, batch: Batch) -> dict[str, np.ndarray]:
+        seconds = self.service_seconds(max(1, batch.rows))
+        with self._device:
+            time.sleep(seconds)
+        return dict(batch)
+
+
+class SplitParams(IdentityParams):
+    ports: dict[str, PortParams] = Field(default_factory=lambda: dict(_DEFAULT_PORTS))
+    #: share of requests sent to the ``unsure_<port>`` outputs; the rest go to ``sure_<port>``.
+    unsure: float = Field(0.3, ge=0, le=1)
+
+
+class Split(_PassThrough):
+    """Route each request to ``sure_<port>`` or ``unsure_<port>``, a share ``unsure`` of them to the latter.
+
+    The choice hashes the request id, so it is the same on every replica and every redelivery.
+    """
+
+    Params: ClassVar[type[BaseModel]] = SplitParams
+
+    params: SplitParams
+
+    def __init__(self, params: BaseModel | None = None, *, node: str = "") -> None:
+        super().__init__(params, node=node)
+        ports = dict(self.inputs)
+        self.outputs = {f"{side}_{name}": port for name, port in ports.items()  # type: ignore[misc]
+                        for side in ("sure", "unsure")}
+
+    def route_fractions(self) -> dict[str, float]:
+        u = self.params.unsure
+        return {f"{side}_{name}": (u if side == "unsure" else 1.0 - u)
+                for name in self.inputs for side in ("sure", "unsure")}
+
+    def process(self, batch: Batch) -> Result:
+        unsure_req = np.array([_unit(rid) < self.params.unsure for rid in batch.request_ids], dtype=bool)
+        rows = np.repeat(unsure_req, batch.sizes)
+        outputs, mask = {}, {}
+        for name in self.inputs:
+            outputs[f"sure_{name}"] = outputs[f"unsure_{name}"] = batch[name]
+            mask[f"sure_{name}"], mask[f"unsure_{name}"] = ~rows, rows
+        return Result(outputs=outputs, mask=mask)
+
+
+def _unit(request_id: str) -> float:
+    """A request id hashed onto [0, 1)."""
+    digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def emulated_sample(n: int, seed: int = 0) -> tuple[list[dict[str, np.ndarray]], list[None]]:
+    """``n`` requests of one ``[1, 4]`` FP32 tensor ``x`` (what the emulated topologies take).
+
+    >>> requests, labels = emulated_sample(2)
+    >>> requests[0]["x"].shape, labels
+    ((1, 4), [None, None])
+    """
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.random((1, 4), dtype=np.float32)} for _ in range(n)], [None] * n

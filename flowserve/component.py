@@ -197,6 +197,22 @@ class Component:
         """A short, stable string that identifies the component and its parameters (for lineage)."""
         return f"{type(self).__module__}:{type(self).__qualname__}"
 
+    #: The param that picks the hardware kind a replica runs on, for a plan to set (None: not selectable).
+    hardware_param: ClassVar[str | None] = None
+
+    def latency_table(self, hardware: str | None = None) -> dict[int, float] | None:
+        """Declared seconds per batch size on ``hardware`` (None: as configured), for the planner and the
+        simulator; None when the component declares none (then a measured profile is used) or cannot run
+        on that hardware."""
+        return None
+
+    def route_fractions(self) -> dict[str, float]:
+        """Expected share of rows emitted on each output port (a port absent here gets every row).
+
+        A routing component declares it so that the simulator and planner see how traffic divides.
+        """
+        return {}
+
     def drain_reports(self) -> list[dict[str, Any]]:
         """Side reports finished since the last call (JSON-able dicts; ``key`` picks their partition).
 

@@ -32,4 +32,10 @@ def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> 
         from flowserve.bench.batching import batching
 
         return asyncio.run(batching(kafka, cell_seconds=getattr(args, "cell_seconds", 3.0)))
+    if workload in ("tuner", "simulate"):
+        from flowserve.bench.tuner import tuner_bench
+
+        only = "simulate" if workload == "simulate" else getattr(args, "part", None)
+        return asyncio.run(tuner_bench(kafka, rate=args.tuner_rate, seconds=args.trace_seconds, slo_ms=args.slo_ms,
+                                       sim_rate=args.tuner_rate, only=only))
     raise ValueError(f"unknown workload {workload}")

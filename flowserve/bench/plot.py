@@ -114,6 +114,39 @@ def capture(fig: Any, result: dict[str, Any]) -> None:
     ax.set(title="capture: with / without, 95% intervals", xlabel="ratio", ylabel="comparison")
 
 
+def tuner(fig: Any, result: dict[str, Any]) -> None:
+    """The tuner against static and reactive provisioning per trace (attainment, cost), and the simulator's
+    p99 against the live p99 per pipeline, for the sections the result holds."""
+    rows = result.get("tuner") or []
+    sims = [r for r in result.get("simulate") or [] if "error" not in r]
+    axes = list(fig.subplots(1, (2 if rows else 0) + (1 if sims else 0) or 1, squeeze=False)[0])
+    if rows:
+        attain, cost = axes.pop(0), axes.pop(0)
+        traces = list(dict.fromkeys(r["trace"] for r in rows))
+        contenders = list(dict.fromkeys(r["contender"] for r in rows))
+        by = {(r["trace"], r["contender"]): r for r in rows}
+        width = 0.8 / len(contenders)
+        for i, c in enumerate(contenders):
+            xs = [t + (i - (len(contenders) - 1) / 2) * width for t in range(len(traces))]
+            attain.bar(xs, [100 * by[(t, c)]["attainment"] if (t, c) in by else 0 for t in traces], width, label=c)
+            cost.bar(xs, [by[(t, c)]["cost_dollars"] if (t, c) in by else 0 for t in traces], width, label=c)
+        for ax in (attain, cost):
+            ax.set_xticks(range(len(traces)), traces)
+            ax.legend(fontsize=7)
+        attain.axhline(99, color="red", linestyle="--", linewidth=1)
+        attain.set(title="requests within the SLO", xlabel="trace", ylabel="attainment (%)")
+        cost.set(title="cost (replica-seconds x price)", xlabel="trace", ylabel="cost ($)")
+    if sims:
+        ax = axes.pop(0)
+        names = [r["pipeline"] for r in sims]
+        at = list(range(len(names)))
+        ax.bar([x - 0.2 for x in at], [r["sim_p99_ms"] for r in sims], 0.4, label="simulated")
+        ax.bar([x + 0.2 for x in at], [r["live_p99_ms"] for r in sims], 0.4, label="live")
+        ax.set_xticks(at, names, rotation=15)
+        ax.set(title="p99 of the planned configuration", xlabel="pipeline", ylabel="p99 latency (ms)")
+        ax.legend(fontsize=7)
+
+
 def numbers(fig: Any, result: dict[str, Any]) -> None:
     """Any other result: its top-level numbers as bars."""
     ax = fig.subplots()
@@ -123,14 +156,15 @@ def numbers(fig: Any, result: dict[str, Any]) -> None:
 
 
 DRAWERS: dict[str, Drawer] = {"batching": batching, "gateway": gateway, "latency": latency,
-                              "passthrough": passthrough, "capture": capture}
+                              "passthrough": passthrough, "capture": capture, "tuner": tuner, "simulate": tuner}
 
 
 def plot_result(result: dict[str, Any], path: str | Path) -> Any:
     """Draw ``result`` (what ``flowserve bench`` prints last) to ``path``; returns the matplotlib Figure."""
     workload = str(result.get("workload", ""))
     drawer = DRAWERS.get(workload, numbers)
-    panels = {"batching": 2, "gateway": len(result.get("topologies", {})) or 1}.get(workload, 1)
+    panels = {"batching": 2, "gateway": len(result.get("topologies", {})) or 1,
+              "tuner": 2 * bool(result.get("tuner")) + bool(result.get("simulate")) or 1}.get(workload, 1)
     fig = _figure(panels, width=5.5 if workload == "gateway" else 6.5)
     if workload == "gateway":
         fig.set_figheight(8)

@@ -25,10 +25,15 @@ console = make_console(stderr=True)
 out = make_console()
 
 
-def _topology(path: str):  # noqa: ANN202 - returns flowserve.topology.Topology
+def _topology(path: str, plan: str | None = None):  # noqa: ANN202 - returns flowserve.topology.Topology
     from flowserve.topology import load_topology
 
-    return load_topology(path)
+    topology = load_topology(path)
+    if plan:
+        from flowserve.tuning.plan import apply_plan, load_plan
+
+        topology = apply_plan(topology, load_plan(plan))
+    return topology
 
 
 @contextlib.contextmanager
@@ -131,7 +136,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    topology = _topology(args.topology)
+    topology = _topology(args.topology, args.plan)
     if args.node not in topology.nodes:
         raise FlowserveError(f"topology '{topology.name}' has no node '{args.node}' "
                              f"(nodes: {', '.join(topology.nodes)})")
@@ -173,12 +178,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flowserve.runtime.host import ProcessHost, create_topology_topics
 
     _stop_on_sigterm()
-    topology = _topology(args.topology)
+    topology = _topology(args.topology, args.plan)
     with console.status("preparing components…"):
         prepare_to_drive(topology)  # before workers start; this process may send the sample traffic
     with _broker(args.broker, args.broker_kind) as kafka:
         host = ProcessHost(Path(args.topology), topology, kafka,
-                           log_dir=Path(args.log_dir) if args.log_dir else None)
+                           log_dir=Path(args.log_dir) if args.log_dir else None,
+                           extra_args=["--plan", args.plan] if args.plan else [])
         asyncio.run(create_topology_topics(topology, kafka))
         host.start_processes()
         workers = sum(len(p) for p in host.procs.values())
@@ -285,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--amount", type=float, default=0.0, help="--sample: size of the --shift")
     p.add_argument("--gateway-port", type=int, metavar="PORT",
                    help="also serve the topology over HTTP (Open Inference Protocol V2) on 127.0.0.1:PORT")
+    p.add_argument("--plan", help="apply a plan file (flowserve plan): partitions, consumers, batch, hardware")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("worker", help="run one node of a topology (scale out: start more in the same group)")
@@ -294,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats-interval", type=float, default=0.0, help="log counters every N seconds")
     p.add_argument("--host", choices=["faust", "asyncio"], default="faust",
                    help="process host: faust (control-topic agent, lifecycle) or a bare asyncio loop")
+    p.add_argument("--plan", help="apply a plan file (flowserve plan): batch and hardware of this node")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_worker)
 
@@ -364,8 +372,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the snapshots as JSON")
     p.set_defaults(func=cmd_stats)
 
+    from flowserve.cli.planning import register as planning_commands
+
+    planning_commands(sub)  # trace, simulate, plan, tune
+
     p = sub.add_parser("bench", help="benchmarks: flowserve and its baseline in one run, with the ratio")
-    p.add_argument("workload", choices=["passthrough", "latency", "gateway", "capture", "batching"])
+    p.add_argument("workload", choices=["passthrough", "latency", "gateway", "capture", "batching", "tuner",
+                                        "simulate"])
     broker_opts(p)
     p.add_argument("--records", type=int, default=200_000, help="passthrough: records per contender")
     p.add_argument("--rate", type=float, default=50.0, help="latency, capture's detector part: requests per second")
@@ -378,6 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="capture: deploy afresh this many times per part (deployments differ on their own)")
     p.add_argument("--only", choices=["saturation", "detector"], help="capture: run one part of the bench")
     p.add_argument("--plot", metavar="FILE.png", help="also draw the result to this image (needs matplotlib)")
+    p.add_argument("--part", choices=["simulate", "tuner"], help="tuner: run one section of the bench")
+    p.add_argument("--tuner-rate", type=float, default=30.0, help="tuner, simulate: base request rate")
+    p.add_argument("--trace-seconds", type=float, default=40.0, help="tuner, simulate: length of each trace")
+    p.add_argument("--slo-ms", type=float, default=600.0, help="tuner: end-to-end SLO")
     p.set_defaults(func=cmd_bench)
     return parser
 

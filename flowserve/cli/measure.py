@@ -11,6 +11,8 @@ from rich.table import Table
 from flowserve.console import make_console
 
 out = make_console()
+#: a worker whose latest snapshot is older than this (workers publish every 2 s) no longer counts as live
+LIVE_AGE_S = 10.0
 err = make_console(stderr=True)
 
 
@@ -58,4 +60,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     for row in rows:
         table.add_row(*(str(row[key]) for _, key in cols))
     out.print(table)
+    # consumers per stage: workers whose latest snapshot is recent (the tuner starts and stops them)
+    live: dict[str, int] = {}
+    for row in rows:
+        live.setdefault(str(row["node"]), 0)
+        if row["age_s"] <= LIVE_AGE_S:
+            live[str(row["node"])] += 1
+    out.print("consumers per stage: " + ", ".join(f"{n} {c}" for n, c in live.items()))
     return 0

@@ -86,9 +86,10 @@ class TopologyClient:
         await self.flush()
         return rid
 
-    def expect(self, request_id: str) -> asyncio.Future[Reply]:
-        """A future for the reply to ``request_id``: call before the request is sent."""
-        return self._router.expect(request_id)
+    def expect(self, request_id: str, timeout_s: float | None = None) -> asyncio.Future[Reply]:
+        """A future for the reply to ``request_id``: call before the request is sent. With ``timeout_s`` it
+        fails with :class:`~flowserve.errors.DeadlineExceeded` when no reply came by then."""
+        return self._router.expect(request_id, timeout_s)
 
     async def call(self, tensors: Mapping[str, np.ndarray], *, timeout_ms: int | None = None,
                    **kwargs: object) -> Reply:

@@ -139,6 +139,20 @@ class ProcessHost:
         self.procs[node_id].pop()  # spawn appended it; keep the slot's position stable
         self.procs[node_id][index] = new
 
+    def retire(self, node_id: str, timeout: float = 30.0) -> None:
+        """Stop the newest live worker of ``node_id`` gracefully (it finishes and commits its batch)."""
+        live = [p for p in self.procs.get(node_id, []) if p.poll() is None]
+        if not live:
+            return
+        proc = live[-1]
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        self.procs[node_id].remove(proc)
+
     def stop(self, timeout: float = 10.0) -> None:
         procs = [p for ps in self.procs.values() for p in ps]
         for p in procs:

@@ -1,4 +1,5 @@
-"""Tuning: execution-time profiles of a topology's nodes (``flowserve profile``) and live stats."""
+"""Tuning: execution-time profiles (``flowserve profile``), arrival traces, network calculus, the
+discrete-event simulator, the planner and the tuner (see docs/planning.md)."""
 
 from flowserve.tuning.profile import profile_topology
 

@@ -1,0 +1,318 @@
+"""``flowserve bench tuner``: the simulator against live runs, and the tuner against two baselines.
+
+**simulate** section: per pipeline (InferLine's four shapes, emulated stages), plan for a Poisson trace,
+deploy the plan, replay the trace open-loop and compare the live p99 with the simulator's for the same
+trace and plan. The per-hop Kafka latency the simulator uses is measured first, on a one-stage identity
+topology replayed the same way (``hop = p50 / 2``: two hops).
+
+**tuner** section: one topology (``image-processing`` on the ``cpu`` kind only, so that a modest rate needs
+several consumers), four traces (steady, a 2x step, gamma CV 4, diurnal compressed into the run), three
+contenders each deployed afresh per trace: **static** provisioning for the peak (the plan for a Poisson
+trace at the trace's peak rate), a **reactive** lag-threshold autoscaler as KEDA runs it (replicas =
+ceil(lag / threshold), immediate scale-out, scale-in after a cooldown, bounded by the partitions), and the
+flowserve **tuner** (both adaptive ones start from the plan for the trace's mean rate). Per trace and
+contender: SLO attainment, p99, cost (replica-seconds x price) and scaling actions. Targets: the tuner
+attains >= 99% on every trace; its cost is <= 0.6x static's on the step and diurnal traces; its misses
+are <= 1/5 of the reactive autoscaler's; the simulator's p99 is within 15% of the live p99 for every
+pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import math
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.table import Table
+
+from flowserve.bench.common import console, run_id
+from flowserve.client import TopologyClient
+from flowserve.client.replay import ReplayReport, replay
+from flowserve.client.traffic import wait_ready
+from flowserve.errors import FlowserveError
+from flowserve.kafka.settings import KafkaSettings
+from flowserve.runtime import hardware as hw
+from flowserve.runtime.host import ProcessHost, create_topology_topics
+from flowserve.topology.graph import Topology, load_topology
+from flowserve.tuning.plan import Plan, apply_plan, make_plan, save_plan, sim_stages, stage_options
+from flowserve.tuning.simulate import simulate
+from flowserve.tuning.traces import Trace, generate
+from flowserve.tuning.tuner import Action, LocalScaler, tune
+
+ROOT = Path(__file__).resolve().parents[2] / "topologies"
+PIPELINES = {"image-processing": 250.0, "cascade-emulated": 250.0, "social-media": 400.0,
+             "video-monitoring": 300.0}
+HOP_TOPOLOGY = """
+name: NAME
+partitions: 4
+nodes:
+  echo: {component: flowserve.builtin:Identity, params: {ports: {x: {datatype: FP32, shape: [-1, 4]}}},
+         inputs: {x: input.x}}
+outputs: {x: echo.x}
+sample: flowserve.builtin:emulated_sample
+"""
+
+
+def _fresh(source: str, tmp: Path) -> Path:
+    """A copy of a topology under a unique name (fresh topics and groups)."""
+    text = source if "\n" in source else (ROOT / f"{source}.yaml").read_text()
+    name = f"b{run_id()}"
+    lines = [f"name: {name}" if line.startswith("name:") else line for line in text.splitlines()]
+    if not any(line.startswith("name:") for line in lines):
+        lines.insert(0, f"name: {name}")
+    path = tmp / f"{name}.yaml"
+    path.write_text("\n".join(lines).replace("NAME", name) + "\n")
+    return path
+
+
+async def _deployed(path: Path, kafka: KafkaSettings, plan: Plan | None, tmp: Path
+                    ) -> tuple[ProcessHost, Topology, Path | None]:
+    topology = load_topology(path)
+    plan_path = None
+    if plan is not None:
+        plan.topology = topology.name
+        plan_path = save_plan(plan, tmp / f"{topology.name}.plan.json")
+        topology = apply_plan(topology, plan)
+    host = ProcessHost(path, topology, kafka, extra_args=["--plan", str(plan_path)] if plan_path else [])
+    await create_topology_topics(topology, kafka)
+    host.start_processes()
+    return host, topology, plan_path
+
+
+async def _replay(topology: Topology, kafka: KafkaSettings, trace: Trace,
+                  during: Callable[[TopologyClient], Any] | None = None) -> ReplayReport:
+    requests, _ = topology.sampler()(256)
+    async with TopologyClient(topology, kafka) as client:
+        await wait_ready(client, requests[0], timeout_s=120)
+        # warm every consumer (first fetches, joins) before the measured trace
+        await replay(client, np.linspace(0, 2.0, 60), lambda i: requests[i % 256], timeout_ms=30_000)
+        task = asyncio.create_task(during(client)) if during else None
+        try:
+            return await replay(client, trace.arrivals, lambda i: requests[i % 256], timeout_ms=30_000)
+        finally:
+            if task:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
+async def measure_hops(kafka: KafkaSettings, tmp: Path, seconds: float) -> np.ndarray:
+    """Hop times (seconds) on this broker: half of each request's latency through a one-stage identity."""
+    host, topology, _ = await _deployed(_fresh(HOP_TOPOLOGY, tmp), kafka, None, tmp)
+    try:
+        report = await _replay(topology, kafka, generate("poisson", rate=40, seconds=seconds, seed=9))
+    finally:
+        host.stop()
+    lat = report.latency_s[np.isfinite(report.latency_s)]
+    return lat / 2
+
+
+async def simulate_section(kafka: KafkaSettings, tmp: Path, hops: np.ndarray, *, rate: float, seconds: float
+                           ) -> list[dict[str, Any]]:
+    hop_ms = float(np.mean(hops)) * 1000
+    rows = []
+    for name, slo in PIPELINES.items():
+        trace = generate("poisson", rate=rate, seconds=seconds, seed=1)
+        path = _fresh(name, tmp)
+        try:
+            plan = make_plan(load_topology(path), trace.arrivals, slo, hop_ms=hop_ms)
+        except FlowserveError as exc:  # the measured hops alone may exceed the SLO on a loaded machine
+            console.print(f"simulate {name}: no plan: {exc}")
+            rows.append({"pipeline": name, "slo_ms": slo, "error": str(exc)})
+            continue
+        host, topology, _ = await _deployed(path, kafka, plan, tmp)
+        try:
+            live = await _replay(topology, kafka, trace)
+        finally:
+            host.stop()
+        sim = simulate(sim_stages(stage_options(load_topology(path)), plan.stages), trace.arrivals,
+                       partitions=plan.partitions, hop_s=hops, seed=3)
+        row = {"pipeline": name, "slo_ms": slo, "plan": {k: vars(v) for k, v in plan.stages.items()},
+               "cost_per_hour": plan.predicted["cost_per_hour"], "sim_p50_ms": sim.percentile(50) * 1000,
+               "sim_p99_ms": sim.percentile(99) * 1000, "live_p50_ms": live.percentile(50) * 1000,
+               "live_p99_ms": live.percentile(99) * 1000, "live_ok": live.ok, "sent": live.sent}
+        row["p99_ratio"] = row["sim_p99_ms"] / row["live_p99_ms"]
+        console.print(f"simulate {name}: sim p99 {row['sim_p99_ms']:.1f} ms, live p99 {row['live_p99_ms']:.1f} ms")
+        rows.append(row)
+    return rows
+
+
+async def _group_lag(kafka: KafkaSettings, topology: Topology) -> dict[str, int]:
+    """Per node: records on its input topics its consumer group has not committed (what KEDA reads)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(**kafka.client_kwargs())
+    consumer = AIOKafkaConsumer(group_id=None, **kafka.client_kwargs())
+    await admin.start()
+    await consumer.start()
+    try:
+        out = {}
+        for node_id, node in topology.nodes.items():
+            tps = [TopicPartition(t, p) for t in node.input_topics for p in range(topology.spec.partitions)]
+            ends = await consumer.end_offsets(tps)
+            committed = await admin.list_consumer_group_offsets(topology.group_id(node_id), partitions=tps)
+            out[node_id] = sum(max(0, ends[tp] - (committed[tp].offset if tp in committed and
+                                                  committed[tp].offset >= 0 else 0)) for tp in tps)
+        return out
+    finally:
+        await consumer.stop()
+        await admin.close()
+
+
+async def _reactive(kafka: KafkaSettings, topology: Topology, scaler: LocalScaler, stop: asyncio.Event,
+                    actions: list[Action], *, threshold: int, cooldown_s: float) -> None:
+    """KEDA's Kafka scaler: desired = ceil(lag / threshold) in [1, partitions]; scale in after a cooldown."""
+    last_change: dict[str, float] = {}
+    while not stop.is_set():
+        lag = await _group_lag(kafka, topology)
+        now = time.time()
+        for node_id, have in scaler.current().items():
+            want = min(topology.spec.partitions, max(1, math.ceil(lag.get(node_id, 0) / threshold)))
+            if want > have or (want < have and now - last_change.get(node_id, 0.0) >= cooldown_s):
+                await scaler.scale(node_id, want)
+                actions.append(Action(node_id, have, want, now, f"lag {lag.get(node_id, 0)}"))
+                last_change[node_id] = now
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+
+
+async def _metered(host: ProcessHost, prices: dict[str, float], stop: asyncio.Event, meter: dict[str, float]
+                   ) -> None:
+    """Integrate replica-seconds x price over the run."""
+    last = time.monotonic()
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.25)
+        now = time.monotonic()
+        alive = host.alive()
+        meter["replica_s"] += sum(alive.values()) * (now - last)
+        meter["dollars"] += sum(n * prices[node] for node, n in alive.items()) * (now - last) / 3600
+        last = now
+
+
+async def _control(_: TopologyClient, *, contender: str, kafka: KafkaSettings, topology: Topology, plan: Plan,
+                   scaler: LocalScaler, host: ProcessHost, prices: dict[str, float], stop: asyncio.Event,
+                   meter: dict[str, float], actions: list[Action]) -> None:
+    """What runs beside the replay: the cost meter, and the contender's controller (none for static)."""
+    tasks: list[asyncio.Task[Any]] = [asyncio.create_task(_metered(host, prices, stop, meter))]
+    if contender == "reactive":
+        tasks.append(asyncio.create_task(_reactive(kafka, topology, scaler, stop, actions, threshold=20,
+                                                   cooldown_s=10)))
+    elif contender == "tuner":
+        tasks.append(asyncio.create_task(tune(topology, plan, kafka, scaler, stop=stop, hold_s=5, horizon_s=10,
+                                              on_action=actions.append)))
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _peak_rate(trace: Trace, window: float = 5.0) -> float:
+    counts = np.histogram(trace.arrivals, bins=max(1, int(trace.seconds / window)), range=(0, trace.seconds))[0]
+    return float(counts.max()) / window
+
+
+async def tuner_section(kafka: KafkaSettings, tmp: Path, hop_ms: float, *, rate: float, seconds: float,
+                        slo_ms: float) -> list[dict[str, Any]]:
+    prices = {"cpu": hw.HARDWARE["cpu"].price_per_hour}
+    traces = {
+        "steady": generate("poisson", rate=rate, seconds=seconds, seed=21),
+        "step": generate("step", rate=rate, factor=2, seconds=seconds, seed=22),
+        "bursty": generate("gamma", rate=rate, cv=4, seconds=seconds, seed=23),
+        "diurnal": generate("diurnal", rate=2 * rate, low=0.25, seconds=seconds, seed=24),
+    }
+    rows = []
+    for trace_name, trace in traces.items():
+        base = load_topology(_fresh("image-processing", tmp))
+        peak = make_plan(base, generate("poisson", rate=_peak_rate(trace), seconds=30, seed=5).arrivals, slo_ms,
+                         hop_ms=hop_ms, prices=prices)
+        # the adaptive contenders start from the plan for the trace's mean rate, on the peak's partitions
+        mean = make_plan(base, generate("poisson", rate=trace.rate, seconds=30, seed=6).arrivals, slo_ms,
+                         hop_ms=hop_ms, prices=prices)
+        start = Plan(peak.topology, slo_ms, peak.partitions, hop_ms, dict(mean.stages))
+        for contender in ("static", "reactive", "tuner"):
+            plan = peak if contender == "static" else Plan(**{**vars(start), "stages": dict(start.stages)})
+            host, topology, _ = await _deployed(_fresh("image-processing", tmp), kafka, plan, tmp)
+            node_price = {n: prices[c.hardware] for n, c in plan.stages.items()}
+            stop, meter, actions = asyncio.Event(), {"replica_s": 0.0, "dollars": 0.0}, []  # type: ignore[var-annotated]
+            scaler = LocalScaler(host)
+
+            during = functools.partial(_control, contender=contender, kafka=kafka, topology=topology, plan=plan,
+                                       scaler=scaler, host=host, prices=node_price, stop=stop, meter=meter,
+                                       actions=actions)
+            try:
+                report = await _replay(topology, kafka, trace, during)
+            finally:
+                stop.set()
+                await asyncio.sleep(0.3)  # let the meter and controllers see the stop before workers go
+                host.stop()
+            slo_s = slo_ms / 1000
+            row = {"trace": trace_name, "contender": contender, "sent": report.sent,
+                   "attainment": report.attainment(slo_s), "misses": int(round((1 - report.attainment(slo_s))
+                                                                              * report.sent)),
+                   "p99_ms": report.percentile(99) * 1000, "cost_dollars": meter["dollars"],
+                   "replica_s": meter["replica_s"], "actions": len(actions)}
+            console.print(f"tuner bench {trace_name}/{contender}: attainment {row['attainment'] * 100:.2f}% "
+                          f"p99 {row['p99_ms']:.0f} ms cost ${row['cost_dollars']:.5f} actions {len(actions)}")
+            rows.append(row)
+    return rows
+
+
+def _print(sim_rows: list[dict[str, Any]], tuner_rows: list[dict[str, Any]], hop_ms: float) -> None:
+    out = Table(title=f"simulator vs live (hops drawn from those measured, mean {hop_ms:.1f} ms)")
+    for col in ("pipeline", "SLO ms", "plan", "$/h", "sim p50", "live p50", "sim p99", "live p99", "sim/live p99"):
+        out.add_column(col, justify="left" if col in ("pipeline", "plan") else "right")
+    for r in sim_rows:
+        if "error" in r:
+            out.add_row(r["pipeline"], f"{r['slo_ms']:.0f}", r["error"], *[""] * 6)
+            continue
+        plan = ", ".join(f"{k}: {v['hardware']} b{v['max_batch']} x{v['consumers']}" for k, v in r["plan"].items())
+        out.add_row(r["pipeline"], f"{r['slo_ms']:.0f}", plan, f"{r['cost_per_hour']:.3f}", f"{r['sim_p50_ms']:.1f}",
+                    f"{r['live_p50_ms']:.1f}", f"{r['sim_p99_ms']:.1f}", f"{r['live_p99_ms']:.1f}",
+                    f"{r['p99_ratio']:.2f}")
+    console.print(out)
+    t = Table(title="tuner vs static-peak vs reactive (KEDA-like)")
+    for col in ("trace", "contender", "sent", "attainment %", "misses", "p99 ms", "cost $", "replica-s", "actions"):
+        t.add_column(col, justify="left" if col in ("trace", "contender") else "right")
+    for r in tuner_rows:
+        t.add_row(r["trace"], r["contender"], str(r["sent"]), f"{r['attainment'] * 100:.2f}", str(r["misses"]),
+                  f"{r['p99_ms']:.0f}", f"{r['cost_dollars']:.5f}", f"{r['replica_s']:.0f}", str(r["actions"]))
+    console.print(t)
+
+
+async def tuner_bench(kafka: KafkaSettings, *, rate: float = 30.0, seconds: float = 40.0, slo_ms: float = 600.0,
+                      sim_rate: float = 30.0, only: str | None = None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="fs-bench-tuner-") as d:
+        tmp = Path(d)
+        hops = await measure_hops(kafka, tmp, seconds=10)
+        hop_ms = float(np.mean(hops)) * 1000
+        console.print(f"measured hop latency: mean {hop_ms:.2f} ms, p99 {np.percentile(hops, 99) * 1000:.2f} ms")
+        sim_rows = [] if only == "tuner" else await simulate_section(kafka, tmp, hops, rate=sim_rate,
+                                                                     seconds=seconds)
+        tuner_rows = [] if only == "simulate" else await tuner_section(kafka, tmp, hop_ms, rate=rate,
+                                                                       seconds=seconds, slo_ms=slo_ms)
+    _print(sim_rows, tuner_rows, hop_ms)
+    by = {(r["trace"], r["contender"]): r for r in tuner_rows}
+    targets: dict[str, bool] = {}
+    if tuner_rows:
+        traces = sorted({r["trace"] for r in tuner_rows})
+        targets["tuner_attainment_ge_99pct_every_trace"] = all(by[(t, "tuner")]["attainment"] >= 0.99
+                                                               for t in traces)
+        targets["tuner_cost_le_0.6x_static_on_step_and_diurnal"] = all(
+            by[(t, "tuner")]["cost_dollars"] <= 0.6 * by[(t, "static")]["cost_dollars"] for t in ("step", "diurnal"))
+        reactive_misses = sum(by[(t, "reactive")]["misses"] for t in traces)
+        targets["tuner_misses_le_fifth_of_reactive"] = sum(by[(t, "tuner")]["misses"] for t in traces) <= \
+            reactive_misses / 5
+    if sim_rows:
+        targets["simulator_p99_within_15pct_of_live"] = all("error" not in r and abs(r["p99_ratio"] - 1) <= 0.15
+                                                            for r in sim_rows)
+    return {"workload": "tuner", "hop_ms": hop_ms, "simulate": sim_rows, "tuner": tuner_rows, "targets": targets}

@@ -1,0 +1,249 @@
+"""The tuner (``flowserve tune``): resize each stage's consumers as the live arrival envelope changes.
+
+InferLine's high-frequency tuner, in network-calculus terms (:mod:`flowserve.tuning.curves`). Every
+second the controller takes the arrivals of the last ``horizon_s`` seconds (the inputs topic's record
+timestamps), builds their token-bucket envelope, scales it by each stage's share of the traffic (a
+cascade's expensive stage sees only its unsure share), and asks, per stage, how many consumers ``c`` its
+rate-latency service curve ``R = c n / l(n)``, ``T = l(n)`` needs so that the delay bound
+``T + b / R`` stays within the stage's share of the SLO and ``R`` covers every window's rate.
+
+- more consumers than running: **scale up at once**, at most doubling, then leave the stage alone for
+  ``settle_s`` while its group rebalances;
+- fewer, with the envelope inflated by ``hysteresis``, for ``hold_s`` on end: **scale down** to that;
+- never beyond the topology's partitions (consumers past them would sit idle), never below one.
+
+Every action is logged with the envelope figure that caused it. Actuators (:class:`Scaler`): local
+``flowserve worker`` processes (:class:`LocalScaler`), or a Kubernetes deployment's replica count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from flowserve.kafka.settings import KafkaSettings
+from flowserve.runtime.host import ProcessHost
+from flowserve.topology.graph import Topology
+from flowserve.tuning.curves import TokenBucket, envelope
+from flowserve.tuning.plan import Plan, StageOptions, stage_options
+from flowserve.tuning.simulate import batch_time
+
+log = logging.getLogger("flowserve.tuner")
+
+
+@dataclass(frozen=True)
+class StageTarget:
+    """What the controller knows of a stage: its batch, batch time, SLO share and traffic share."""
+
+    id: str
+    batch: int
+    batch_s: float
+    slo_share_s: float
+    traffic_share: float = 1.0
+    max_consumers: int = 64
+
+
+@dataclass(frozen=True)
+class Action:
+    stage: str
+    before: int
+    after: int
+    at: float
+    reason: str
+
+
+def needed_consumers(family: Sequence[TokenBucket], target: StageTarget, scale: float = 1.0) -> tuple[int, str]:
+    """Consumers for the stage to bound its delay within its SLO share under ``family`` (times ``scale``)."""
+    slack = target.slo_share_s - target.batch_s
+    per_consumer = target.batch / target.batch_s
+    if not family:
+        return 1, "no arrivals"
+    # alpha is the minimum of the buckets, so each bucket's bound holds: the tightest one decides
+    worst, why = math.inf, ""
+    for b in family:
+        rate, burst = b.rate * scale * target.traffic_share, b.burst * scale * target.traffic_share
+        need = max(rate, burst / slack) if slack > 0 else math.inf
+        if need < worst:
+            worst, why = need, f"window {b.window:.3g} s: rate {rate:.1f}/s, burst {burst:.1f}"
+    if math.isinf(worst):
+        return target.max_consumers, f"batch time {target.batch_s * 1000:.1f} ms exceeds the SLO share"
+    c = max(1, math.ceil(worst / per_consumer - 1e-9))
+    return min(c, target.max_consumers), f"{why} -> needs {worst:.1f}/s of {per_consumer:.1f}/s per consumer"
+
+
+@dataclass
+class Controller:
+    """Decides scaling actions from observed arrival times (seconds); pure, so it is unit-tested."""
+
+    targets: list[StageTarget]
+    hold_s: float = 30.0
+    hysteresis: float = 0.25
+    horizon_s: float = 60.0
+    #: after an action on a stage, leave it alone this long: its group is rebalancing, and the envelope
+    #: it sees meanwhile holds the backlog the pause built, not new traffic
+    settle_s: float = 5.0
+    _arrivals: deque[float] = field(default_factory=deque)
+    _below_since: dict[str, float] = field(default_factory=dict)
+    _last_action: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, times_s: Sequence[float] | np.ndarray) -> None:
+        self._arrivals.extend(float(t) for t in times_s)
+
+    def envelope(self, now: float, shortest: float) -> list[TokenBucket]:
+        while self._arrivals and self._arrivals[0] < now - self.horizon_s:
+            self._arrivals.popleft()
+        if not self._arrivals:
+            return []
+        return envelope(np.fromiter(self._arrivals, dtype=float), shortest, longest=self.horizon_s)
+
+    def decide(self, now: float, current: dict[str, int]) -> list[Action]:
+        actions = []
+        for t in self.targets:
+            family = self.envelope(now, min(t.batch_s, self.horizon_s / 2))
+            have = current.get(t.id, 1)
+            if now - self._last_action.get(t.id, -math.inf) < self.settle_s:
+                continue
+            up, why = needed_consumers(family, t)
+            if up > have:
+                self._below_since.pop(t.id, None)
+                self._last_action[t.id] = now
+                # at most double per step: each step costs a rebalance, and the next one sees its effect
+                actions.append(Action(t.id, have, min(up, 2 * have), now, why))
+                continue
+            down, why_down = needed_consumers(family, t, scale=1.0 + self.hysteresis)
+            if down >= have:
+                self._below_since.pop(t.id, None)
+                continue
+            since = self._below_since.setdefault(t.id, now)
+            if now - since >= self.hold_s:
+                self._below_since.pop(t.id, None)
+                self._last_action[t.id] = now
+                actions.append(Action(t.id, have, down, now, f"below for {now - since:.0f} s: {why_down}"))
+        return actions
+
+
+def targets_from_plan(options: Sequence[StageOptions], plan: Plan) -> list[StageTarget]:
+    """Per stage: the plan's batch and its batch time, an SLO share (that batch time plus an equal part of
+    what the SLO leaves after hops and batch times), and the stage's share of the traffic."""
+    share: dict[str, float] = {}
+    for o in options:  # topological order
+        parts = []
+        for src, port in o.inputs:
+            if src is None:
+                parts.append(1.0)
+            else:
+                up = next(x for x in options if x.id == src)
+                parts.append(share[src] * up.fractions.get(port, 1.0))
+        share[o.id] = (sum(parts) if o.join == "any" else min(parts)) if parts else 1.0
+    times = {o.id: batch_time(o.tables[plan.stages[o.id].hardware], plan.stages[o.id].max_batch) for o in options}
+    budget = plan.slo_ms / 1000 - plan.hop_ms / 1000 * (len(options) + 1)
+    # each stage gets its batch time plus an equal part of the queueing slack: a share proportional to
+    # batch time would leave a sub-millisecond stage no room for the bursts a produce batch makes
+    slack = max(0.0, budget - sum(times.values())) / max(1, len(options))
+    return [StageTarget(o.id, plan.stages[o.id].max_batch, times[o.id], times[o.id] + slack, share[o.id],
+                        plan.partitions) for o in options]
+
+
+class Scaler(Protocol):
+    """Changes the number of consumers of a stage."""
+
+    def current(self) -> dict[str, int]: ...
+
+    async def scale(self, stage: str, consumers: int) -> None: ...
+
+
+class LocalScaler:
+    """Starts and stops local ``flowserve worker`` processes through a ProcessHost."""
+
+    def __init__(self, host: ProcessHost) -> None:
+        self.host = host
+
+    def current(self) -> dict[str, int]:
+        return {n: c for n, c in self.host.alive().items()}
+
+    async def scale(self, stage: str, consumers: int) -> None:
+        while self.host.alive().get(stage, 0) < consumers:
+            self.host.spawn(stage)
+        while self.host.alive().get(stage, 0) > consumers:
+            await asyncio.to_thread(self.host.retire, stage)
+
+
+class KubernetesScaler:
+    """Patches the replica count of each stage's Deployment (``<topology>-<node>``) with ``kubectl``."""
+
+    def __init__(self, topology: str, namespace: str = "default") -> None:
+        self.topology = topology
+        self.namespace = namespace
+        self._replicas: dict[str, int] = {}
+
+    def current(self) -> dict[str, int]:
+        return dict(self._replicas)
+
+    async def scale(self, stage: str, consumers: int) -> None:
+        name = f"{self.topology}-{stage}".replace("_", "-")
+        await asyncio.to_thread(subprocess.run, ["kubectl", "-n", self.namespace, "scale",  # noqa: S607
+                                                 f"deployment/{name}", f"--replicas={consumers}"], check=True)
+        self._replicas[stage] = consumers
+
+
+async def tail_arrivals(kafka: KafkaSettings, topic: str, partitions: int, sink: Callable[[list[float]], None],
+                        stop: asyncio.Event) -> None:
+    """Feed ``sink`` the timestamps (seconds) of new records on ``topic`` until ``stop`` is set."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False, fetch_max_wait_ms=kafka.fetch_max_wait_ms,
+                                **kafka.client_kwargs())
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_end(*tps)
+        while not stop.is_set():
+            fetched = await consumer.getmany(timeout_ms=200, max_records=100_000)
+            times = [r.timestamp / 1000.0 for records in fetched.values() for r in records]
+            if times:
+                sink(times)
+    finally:
+        await consumer.stop()
+
+
+async def run_tuner(controller: Controller, scaler: Scaler, *, interval_s: float = 1.0,
+                    stop: asyncio.Event, on_action: Callable[[Action], None] | None = None) -> list[Action]:
+    """Every ``interval_s``: decide and apply; returns every action taken."""
+    taken: list[Action] = []
+    while not stop.is_set():
+        current = scaler.current()
+        for action in controller.decide(time.time(), current):
+            log.warning("scale %s %d -> %d: %s", action.stage, action.before, action.after, action.reason)
+            await scaler.scale(action.stage, action.after)
+            taken.append(action)
+            if on_action:
+                on_action(action)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
+    return taken
+
+
+async def tune(topology: Topology, plan: Plan, kafka: KafkaSettings, scaler: Scaler, *, stop: asyncio.Event,
+               hold_s: float = 30.0, hysteresis: float = 0.25, horizon_s: float = 60.0, interval_s: float = 1.0,
+               settle_s: float = 5.0, on_action: Callable[[Action], None] | None = None) -> list[Action]:
+    """Tail the topology's inputs topic and resize its stages through ``scaler`` until ``stop`` is set."""
+    targets = targets_from_plan(stage_options(topology), plan)
+    controller = Controller(targets, hold_s=hold_s, hysteresis=hysteresis, horizon_s=horizon_s, settle_s=settle_s)
+    tail = asyncio.create_task(tail_arrivals(kafka, topology.inputs_topic, topology.spec.partitions,
+                                             controller.observe, stop))
+    try:
+        return await run_tuner(controller, scaler, interval_s=interval_s, stop=stop, on_action=on_action)
+    finally:
+        stop.set()
+        await tail

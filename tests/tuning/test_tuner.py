@@ -1,0 +1,73 @@
+"""The tuner's controller: scale up at once when the envelope grows, down only after the hold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flowserve.tuning.curves import TokenBucket
+from flowserve.tuning.plan import Plan, StageConfig, StageOptions
+from flowserve.tuning.tuner import Controller, StageTarget, needed_consumers, targets_from_plan
+
+# a stage serving batches of 4 in 40 ms: 100 requests/s per consumer, 100 ms of the SLO
+TARGET = StageTarget("m", batch=4, batch_s=0.04, slo_share_s=0.1, max_consumers=6)
+
+
+def test_needed_consumers_from_the_delay_bound() -> None:
+    # rate 150/s, burst 3: R >= 150 and R >= 3 / (0.1 - 0.04) = 50 -> 2 consumers of 100/s
+    assert needed_consumers([TokenBucket(150, 3, 1.0)], TARGET)[0] == 2
+    # a burst of 30 must drain within the 60 ms slack: R >= 500 -> 5 consumers
+    c, why = needed_consumers([TokenBucket(10, 30, 0.04)], TARGET)
+    assert c == 5 and "burst 30.0" in why
+    assert needed_consumers([TokenBucket(5000, 1, 1.0)], TARGET)[0] == 6  # never beyond the partitions
+    assert needed_consumers([], TARGET)[0] == 1
+
+
+def _arrivals(rate: float, start: float, end: float) -> np.ndarray:
+    return np.arange(start, end, 1.0 / rate)
+
+
+def test_scales_up_at_once_and_down_after_the_hold() -> None:
+    ctl = Controller([TARGET], hold_s=5, hysteresis=0.25, horizon_s=4, settle_s=1.5)
+    ctl.observe(_arrivals(50, 0, 10))
+    assert ctl.decide(10.0, {"m": 1}) == []
+    ctl.observe(_arrivals(250, 10, 12))  # the rate steps up: 3 consumers needed, at most double per step
+    (up,) = ctl.decide(12.0, {"m": 1})
+    assert (up.before, up.after) == (1, 2) and "rate" in up.reason
+    ctl.observe(_arrivals(250, 12, 13))
+    assert ctl.decide(13.0, {"m": 2}) == []  # settling: the group is rebalancing
+    ctl.observe(_arrivals(250, 13, 14))
+    (up,) = ctl.decide(14.0, {"m": 2})
+    assert (up.before, up.after) == (2, 3)
+    assert ctl.decide(14.0, {"m": 3}) == []
+    ctl.observe(_arrivals(50, 14, 30))  # and back down
+    decisions = {t: ctl.decide(float(t), {"m": 3}) for t in range(15, 31)}
+    first_down = min(t for t, acts in decisions.items() if acts)
+    # the 4 s horizon still holds the spike until t=18; the hold then lasts 5 s
+    assert first_down == 23
+    (down,) = decisions[first_down]
+    assert (down.before, down.after) == (3, 1) and "below for 5 s" in down.reason
+
+
+def test_hysteresis_keeps_a_stage_that_is_just_enough() -> None:
+    ctl = Controller([TARGET], hold_s=1, hysteresis=0.25, horizon_s=4)
+    ctl.observe(_arrivals(180, 0, 20))  # 2 consumers do it; 1.25 x 180 = 225 would need 3
+    for t in range(5, 21):
+        assert ctl.decide(float(t), {"m": 2}) == []
+
+
+def test_targets_share_the_slo_and_the_traffic() -> None:
+    options = [
+        StageOptions("cheap", {"k": {1: 0.01}}, [(None, "x")]),
+        StageOptions("router", {"k": {1: 0.0}}, [("cheap", "x")], fractions={"sure_x": 0.7, "unsure_x": 0.3}),
+        StageOptions("expensive", {"k": {1: 0.03}}, [("router", "unsure_x")]),
+        StageOptions("final", {"k": {1: 0.0}}, [("router", "sure_x"), ("expensive", "x")], join="any", output=True),
+    ]
+    plan = Plan("t", 100.0, 8, 2.0, {o.id: StageConfig("k", 1, 1) for o in options})
+    targets = {t.id: t for t in targets_from_plan(options, plan)}
+    assert targets["expensive"].traffic_share == 0.3
+    assert targets["final"].traffic_share == 1.0
+    slack = (0.1 - 0.002 * 5 - 0.04) / 4  # what hops and batch times leave, split equally
+    assert targets["expensive"].slo_share_s == pytest.approx(0.03 + slack)
+    assert targets["router"].slo_share_s == pytest.approx(slack)
+    assert targets["expensive"].max_consumers == 8
