@@ -68,7 +68,10 @@ class Gateway:
         self.bridge = KafkaBridge(list(topologies), kafka, self.settings.instance)
         self.probe = ReadinessProbe(list(topologies), kafka, self.settings.ready_cache_s)
         self.server = HttpServer(self.handle, self.settings.host, self.settings.port,
-                                 max_body_bytes=self.settings.max_body_bytes)
+                                 max_body_bytes=self.settings.max_body_bytes,
+                                 max_connections=self.settings.max_connections,
+                                 header_timeout_s=self.settings.header_timeout_s,
+                                 idle_timeout_s=self.settings.idle_timeout_s)
         self._tokens = [t.get_secret_value().encode() for t in self.settings.tokens]
         self._metadata = {name: self._model_metadata(t) for name, t in self.models.items()}
 
