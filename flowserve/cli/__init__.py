@@ -167,8 +167,11 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import os
+
     from flowserve.client.traffic import prepare_to_drive
     from flowserve.runtime.host import ProcessHost, create_topology_topics
+    from flowserve.runtime.supervise import RestartPolicy, Supervisor
 
     _stop_on_sigterm()
     topology = _topology(args.topology)
@@ -179,22 +182,37 @@ def cmd_run(args: argparse.Namespace) -> int:
                            log_dir=Path(args.log_dir) if args.log_dir else None)
         asyncio.run(create_topology_topics(topology, kafka))
         host.start_processes()
+        # A crash loop ends the run (exit status 1), through the same path as a SIGTERM, so that whatever
+        # watches this command (a terminal, a container platform) sees it rather than a half-dead pipeline.
+        supervisor = Supervisor(host, RestartPolicy(max_quick_deaths=args.max_restarts),
+                                report=lambda line: console.print(f"[yellow]supervisor[/] {line}"),
+                                on_give_up=lambda message: os.kill(os.getpid(), signal.SIGTERM))
+        supervisor.start()
         workers = sum(len(p) for p in host.procs.values())
-        console.print(f"[green]running[/] topology '{topology.name}': {workers} worker process(es); "
-                      f"send to [bold]{topology.inputs_topic}[/], read [bold]{topology.outputs_topic}[/]")
+        console.print(f"[green]running[/] topology '{topology.name}': {workers} worker process(es), restarted "
+                      f"when they die; send to [bold]{topology.inputs_topic}[/], read [bold]{topology.outputs_topic}[/]")
+        status = 0
         try:
             if args.sample:
-                return _sample(topology, kafka, args)
-            if args.gateway_port is not None:
+                status = _sample(topology, kafka, args)
+            elif args.gateway_port is not None:
                 from flowserve.cli.gateway import GatewaySettings, serve_blocking
 
-                return serve_blocking([topology], kafka, GatewaySettings.from_env(port=args.gateway_port))
-            console.print("Ctrl-C to stop")
-            _wait_for_stop()
-            return 0
+                status = serve_blocking([topology], kafka, GatewaySettings.from_env(port=args.gateway_port))
+            else:
+                console.print("Ctrl-C to stop")
+                _wait_for_stop()
+        except KeyboardInterrupt:
+            if not supervisor.gave_up:
+                raise
         finally:
+            supervisor.stop()
             with console.status("stopping workers…"):
                 host.stop()
+        if supervisor.gave_up:
+            console.print(f"[red]stopped:[/] {'; '.join(supervisor.gave_up.values())}")
+            return 1
+        return status
 
 
 def _sample(topology: Any, kafka: Any, args: argparse.Namespace) -> int:
@@ -281,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--amount", type=float, default=0.0, help="--sample: size of the --shift")
     p.add_argument("--gateway-port", type=int, metavar="PORT",
                    help="also serve the topology over HTTP (Open Inference Protocol V2) on 127.0.0.1:PORT")
+    p.add_argument("--max-restarts", type=int, default=5, metavar="N",
+                   help="a worker that dies N times in a row within 30 s of starting is a crash loop: stop the run")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("worker", help="run one node of a topology (scale out: start more in the same group)")

@@ -44,7 +44,7 @@ outputs: {x: crash.x}
 async def test_deadline_is_504_at_the_deadline_and_not_ready_without_workers(broker) -> None:
     kafka = broker.settings()
     topology = unique(IDENTITY)
-    async with running(topology, kafka, workers=False) as (gateway, client):
+    async with running(topology, kafka, workers=False, fail_fast=False) as (gateway, client):
         ready = await client.get("/v2/health/ready")
         assert ready.status == 503 and "stage(s) a have no live worker" in ready.error
         model_ready = await client.get(f"/v2/models/{topology.name}/ready")
@@ -65,7 +65,8 @@ async def test_deadline_is_504_at_the_deadline_and_not_ready_without_workers(bro
 async def test_full_gateway_answers_429_with_retry_after(broker) -> None:
     kafka = broker.settings()
     topology = unique(IDENTITY)
-    async with running(topology, kafka, workers=False, max_inflight=1, retry_after_s=3) as (gateway, client):
+    async with running(topology, kafka, workers=False, max_inflight=1, retry_after_s=3,
+                       fail_fast=False) as (gateway, client):
         first = asyncio.create_task(client.infer(topology.name, X, parameters={"timeout_ms": 3000}))
         while gateway.bridge.in_flight() < 1:  # wait until the first request holds the only slot
             await asyncio.sleep(0.01)
