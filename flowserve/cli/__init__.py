@@ -190,7 +190,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         supervisor.start()
         workers = sum(len(p) for p in host.procs.values())
         console.print(f"[green]running[/] topology '{topology.name}': {workers} worker process(es), restarted "
-                      f"when they die; send to [bold]{topology.inputs_topic}[/], read [bold]{topology.outputs_topic}[/]")
+                      f"when they die; send to [bold]{topology.inputs_topic}[/], "
+                      f"read [bold]{topology.outputs_topic}[/]")
         status = 0
         try:
             if args.sample:
@@ -352,6 +353,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gateway", help="serve topologies over HTTP (Open Inference Protocol V2), request-reply")
     gateway_arguments(p)
     p.set_defaults(func=cmd_gateway)
+
+    from flowserve.cli.health import add_arguments as health_arguments
+    from flowserve.cli.health import cmd_health
+
+    p = sub.add_parser("health", help="probe a topology's stages (exit 0 live/ready, 1 not): for container platforms")
+    health_arguments(p)
+    p.set_defaults(func=cmd_health)
 
     from flowserve.cli.capture import register as capture_commands
 

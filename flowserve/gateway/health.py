@@ -63,6 +63,8 @@ class Readiness:
     #: stages whose consumer group has no member at all (not merely rebalancing): requests to them cannot
     #: be answered until a worker joins, so the gateway refuses them at once (503) instead of at the deadline
     dead: tuple[str, ...] = ()
+    #: stages without a member that consumes now (none, or the group is rebalancing)
+    missing: tuple[str, ...] = ()
 
 
 class ReadinessProbe:
@@ -139,7 +141,7 @@ class ReadinessProbe:
             if missing:
                 out[name] = Readiness(False, f"model '{name}': stage(s) {', '.join(missing)} have no live worker "
                                              f"(consumer group {t.group_id(missing[0])} has no member or is "
-                                             "rebalancing)", dead=dead)
+                                             "rebalancing)", dead=dead, missing=tuple(missing))
             else:
                 out[name] = Readiness(True, "every stage has a live worker")
         return out

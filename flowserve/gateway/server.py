@@ -34,6 +34,7 @@ log = logging.getLogger("flowserve.gateway.http")
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 #: complete requests a pipelining client may have queued on one connection before reading pauses
 _MAX_QUEUED = 16
+_NEVER = float("inf")
 
 
 @dataclass(slots=True)
@@ -79,15 +80,19 @@ class _Refuse(Exception):
 class _Connection(asyncio.Protocol):
     """One client connection: llhttp calls the ``on_*`` methods as it parses; requests are answered in order."""
 
-    __slots__ = ("_body", "_body_len", "_closing", "_failure", "_head_len", "_headers", "_in_message",
-                 "_parser", "_queue", "_server", "_task", "_timer", "_transport", "_url")
+    __slots__ = ("_body", "_body_len", "_closing", "_deadline", "_failure", "_head_len", "_headers",
+                 "_in_message", "_loop", "_on_expire", "_parser", "_queue", "_server", "_task", "_transport", "_url")
 
     def __init__(self, server: HttpServer) -> None:
         self._server = server
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        #: when the current timeout runs out (loop time; inf: none), and what to do then; checked by the
+        #: server's sweep rather than a timer per request, which cost more than the parsing
+        self._deadline = _NEVER
+        self._on_expire: Callable[[], None] | None = None
         self._queue: collections.deque[tuple[Request, bool]] = collections.deque()
         self._failure: tuple[int, str] | None = None  # a parse error to answer once queued requests are
         self._closing = False
@@ -121,7 +126,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing or self._failure is not None:
             return
-        if self._in_message and self._timer is not None and self._headers_done():
+        if self._in_message and self._deadline != _NEVER and self._headers_done():
             self._arm(self._server.idle_timeout_s, self._on_idle)  # a body that is still moving
         try:
             self._parser.feed_data(data)
@@ -263,21 +268,23 @@ class _Connection(asyncio.Protocol):
             raise _Refuse(431, "request head is larger than the server accepts")
 
     def _arm(self, delay: float, callback: Callable[[], None]) -> None:
-        self._disarm()
-        self._timer = asyncio.get_running_loop().call_later(delay, callback)
+        self._deadline = self._loop.time() + delay
+        self._on_expire = callback
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._deadline = _NEVER
+
+    def expire(self, now: float) -> None:
+        """Called by the server's sweep: run the timeout's action if its deadline has passed."""
+        if now >= self._deadline and self._on_expire is not None:
+            self._deadline = _NEVER
+            self._on_expire()
 
     def _on_header_timeout(self) -> None:
-        self._timer = None
         self._refuse(408, f"the request head did not arrive within {self._server.header_timeout_s:g} s")
         self._pump()
 
     def _on_idle(self) -> None:
-        self._timer = None
         if self._task is not None:
             return  # a request is being answered: its response re-arms the timer
         if self._in_message:  # a body that stalled
@@ -304,6 +311,7 @@ class HttpServer:
         self.idle_timeout_s = idle_timeout_s
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
 
     @property
     def open_connections(self) -> int:
@@ -315,12 +323,25 @@ class HttpServer:
                                                 reuse_address=True, backlog=1024)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Expire the connections whose timeout has run out; timeouts fire up to one tick late."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for conn in list(self._connections):
+            conn.expire(now)
+        tick = min(self.header_timeout_s, self.idle_timeout_s, 4.0) / 4
+        self._sweeper = loop.call_later(tick, self._sweep)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop accepting, let requests in progress answer (up to ``grace_s``), close connections."""
         if self._server is None:
             return
         self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         tasks = [c._task for c in self._connections if c._task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=grace_s)
