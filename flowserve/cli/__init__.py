@@ -70,9 +70,13 @@ def _stop_on_sigterm() -> None:
 def _wait_for_stop() -> None:
     """Return on SIGINT or SIGTERM (see :func:`_stop_on_sigterm`); a second SIGTERM while the caller cleans
     up is ignored, a second Ctrl-C still interrupts."""
+    import time
+
     try:
         while True:
-            signal.pause()
+            # Not signal.pause(): with other threads (the supervisor's) the kernel may deliver the signal to
+            # one of them, and pause() in this thread would not return; a short sleep lets the handler run.
+            time.sleep(0.5)
     except KeyboardInterrupt:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -204,7 +208,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 console.print("Ctrl-C to stop")
                 _wait_for_stop()
         except KeyboardInterrupt:
-            if not supervisor.gave_up:
+            # A signal that came before _wait_for_stop or serve_blocking took over its handling ends the
+            # run as one that came after does; during --sample it is an interruption (130).
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            if args.sample and not supervisor.gave_up:
                 raise
         finally:
             supervisor.stop()
