@@ -93,7 +93,14 @@ class Supervisor:
                 continue
             if slot.restart_at is not None:
                 if now >= slot.restart_at:
-                    self.host.restart(node, index)
+                    try:
+                        self.host.restart(node, index)
+                    except OSError as exc:  # cannot even start it (fd limit, memory): retry at the next backoff
+                        slot.quick_deaths += 1
+                        slot.restart_at = now + min(self.policy.initial_backoff_s * 2 ** slot.quick_deaths,
+                                                    self.policy.max_backoff_s)
+                        self._say(f"could not restart worker {node}[{index}]: {exc}", logging.ERROR)
+                        continue
                     slot.started, slot.restart_at = time.monotonic(), None
                     self.restarts += 1
                     self._say(f"restarted worker {node}[{index}] (pid {self.host.procs[node][index].pid})")
