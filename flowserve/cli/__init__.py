@@ -76,10 +76,14 @@ def _wait_for_stop(announce: Callable[[], None] = lambda: None) -> None:
     """``announce`` (e.g. print an address), then return on SIGINT or SIGTERM (see :func:`_stop_on_sigterm`),
     also one that comes while announcing; a second SIGTERM while the caller cleans up is ignored, a
     second Ctrl-C still interrupts."""
+    import time
+
     try:
         announce()
         while True:
-            signal.pause()
+            # Not signal.pause(): with other threads (the supervisor's) the kernel may deliver the signal to
+            # one of them, and pause() in this thread would not return; a short sleep lets the handler run.
+            time.sleep(0.5)
     except KeyboardInterrupt:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -174,8 +178,11 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import os
+
     from flowserve.client.traffic import prepare_to_drive
     from flowserve.runtime.host import ProcessHost, create_topology_topics
+    from flowserve.runtime.supervise import RestartPolicy, Supervisor
 
     _stop_on_sigterm()
     topology = _topology(args.topology, args.plan)
@@ -187,21 +194,40 @@ def cmd_run(args: argparse.Namespace) -> int:
                            extra_args=["--plan", args.plan] if args.plan else [])
         asyncio.run(create_topology_topics(topology, kafka))
         host.start_processes()
+        # A crash loop ends the run (exit status 1), through the same path as a SIGTERM, so that whatever
+        # watches this command (a terminal, a container platform) sees it rather than a half-dead pipeline.
+        supervisor = Supervisor(host, RestartPolicy(max_quick_deaths=args.max_restarts),
+                                report=lambda line: console.print(f"[yellow]supervisor[/] {line}"),
+                                on_give_up=lambda message: os.kill(os.getpid(), signal.SIGTERM))
+        supervisor.start()
         workers = sum(len(p) for p in host.procs.values())
-        console.print(f"[green]running[/] topology '{topology.name}': {workers} worker process(es); "
-                      f"send to [bold]{topology.inputs_topic}[/], read [bold]{topology.outputs_topic}[/]")
+        console.print(f"[green]running[/] topology '{topology.name}': {workers} worker process(es), restarted "
+                      f"when they die; send to [bold]{topology.inputs_topic}[/], "
+                      f"read [bold]{topology.outputs_topic}[/]")
+        status = 0
         try:
             if args.sample:
-                return _sample(topology, kafka, args)
-            if args.gateway_port is not None:
+                status = _sample(topology, kafka, args)
+            elif args.gateway_port is not None:
                 from flowserve.cli.gateway import GatewaySettings, serve_blocking
 
-                return serve_blocking([topology], kafka, GatewaySettings.from_env(port=args.gateway_port))
-            _wait_for_stop(lambda: console.print("Ctrl-C to stop"))
-            return 0
+                status = serve_blocking([topology], kafka, GatewaySettings.from_env(port=args.gateway_port))
+            else:
+                _wait_for_stop(lambda: console.print("Ctrl-C to stop"))
+        except KeyboardInterrupt:
+            # A signal that came before _wait_for_stop or serve_blocking took over its handling ends the
+            # run as one that came after does; during --sample it is an interruption (130).
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            if args.sample and not supervisor.gave_up:
+                raise
         finally:
+            supervisor.stop()
             with console.status("stopping workers…"):
                 host.stop()
+        if supervisor.gave_up:
+            console.print(f"[red]stopped:[/] {'; '.join(supervisor.gave_up.values())}")
+            return 1
+        return status
 
 
 def _sample(topology: Any, kafka: Any, args: argparse.Namespace) -> int:
@@ -292,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gateway-port", type=int, metavar="PORT",
                    help="also serve the topology over HTTP (Open Inference Protocol V2) on 127.0.0.1:PORT")
     p.add_argument("--plan", help="apply a plan file (flowserve plan): partitions, consumers, batch, hardware")
+    p.add_argument("--max-restarts", type=int, default=5, metavar="N",
+                   help="a worker that dies N times in a row within 30 s of starting is a crash loop: stop the run")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("worker", help="run one node of a topology (scale out: start more in the same group)")
@@ -344,6 +372,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gateway", help="serve topologies over HTTP (Open Inference Protocol V2), request-reply")
     gateway_arguments(p)
     p.set_defaults(func=cmd_gateway)
+
+    from flowserve.cli.health import add_arguments as health_arguments
+    from flowserve.cli.health import cmd_health
+
+    p = sub.add_parser("health", help="probe a topology's stages (exit 0 live/ready, 1 not): for container platforms")
+    health_arguments(p)
+    p.set_defaults(func=cmd_health)
 
     from flowserve.cli.capture import register as capture_commands
 

@@ -7,6 +7,7 @@ nowhere else. Every error body is ``{"error": "..."}``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import re
@@ -68,9 +69,15 @@ class Gateway:
         self.bridge = KafkaBridge(list(topologies), kafka, self.settings.instance)
         self.probe = ReadinessProbe(list(topologies), kafka, self.settings.ready_cache_s)
         self.server = HttpServer(self.handle, self.settings.host, self.settings.port,
-                                 max_body_bytes=self.settings.max_body_bytes)
+                                 max_body_bytes=self.settings.max_body_bytes,
+                                 max_connections=self.settings.max_connections,
+                                 header_timeout_s=self.settings.header_timeout_s,
+                                 idle_timeout_s=self.settings.idle_timeout_s)
         self._tokens = [t.get_secret_value().encode() for t in self.settings.tokens]
         self._metadata = {name: self._model_metadata(t) for name, t in self.models.items()}
+        #: model -> why it cannot answer now (a stage without any worker); refreshed by _watch_readiness
+        self._down: dict[str, str] = {}
+        self._watch: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
@@ -83,11 +90,18 @@ class Gateway:
     async def start(self) -> None:
         await self.bridge.start()
         await self.server.start()
+        if self.settings.fail_fast:
+            self._watch = asyncio.create_task(self._watch_readiness(), name="gateway-readiness")
         settle()
         log.info("gateway %s serving %s on %s (auth %s)", self.settings.instance, ", ".join(self.models),
                  self.url, "on" if self._tokens else "off")
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
         await self.server.stop()
         await self.bridge.stop(delete_topics=self.settings.delete_reply_topics)
         await self.probe.close()
@@ -183,6 +197,18 @@ class Gateway:
                         for n, p in t.output_ports().items()],
         }
 
+    async def _watch_readiness(self) -> None:
+        """Keep :attr:`_down` current, off the request path: a request reads it and never awaits a probe."""
+        while True:
+            states = await self.probe.check()
+            down = {name: s.reason for name, s in states.items() if s.dead}
+            for name in down.keys() - self._down.keys():
+                log.warning("refusing requests to model '%s' (503) until it recovers: %s", name, down[name])
+            for name in self._down.keys() - down.keys():
+                log.info("model '%s' has a worker in every stage again: accepting requests", name)
+            self._down = down
+            await asyncio.sleep(max(self.settings.ready_cache_s, 0.1))  # polling period, not synchronisation
+
     # -- inference ---------------------------------------------------------------------------------
 
     async def _infer(self, topology: Topology, request: Request) -> Response:
@@ -192,6 +218,11 @@ class Gateway:
             return error_response(429, f"the gateway has {self.settings.max_inflight} requests in flight, its "
                                        "limit; retry later", {"Retry-After": str(self.settings.retry_after_s),
                                                              **echo})
+        down = self._down.get(topology.name)
+        if down is not None:
+            return error_response(status_of(ErrorKind.UNAVAILABLE), f"model '{topology.name}' cannot answer now: "
+                                  f"{down}; retry later", {"Retry-After": str(self.settings.retry_after_s), **echo},
+                                  ErrorKind.UNAVAILABLE)
         try:
             parsed = parse_infer(request.body, request.headers.get(HEADER_LENGTH))
         except WireError as exc:

@@ -60,6 +60,11 @@ class Readiness:
     ready: bool
     reason: str
     groups_checked: bool = True
+    #: stages whose consumer group has no member at all (not merely rebalancing): requests to them cannot
+    #: be answered until a worker joins, so the gateway refuses them at once (503) instead of at the deadline
+    dead: tuple[str, ...] = ()
+    #: stages without a member that consumes now (none, or the group is rebalancing)
+    missing: tuple[str, ...] = ()
 
 
 class ReadinessProbe:
@@ -107,6 +112,7 @@ class ReadinessProbe:
                     for name in self.topologies}
         groups = {t.group_id(n): (t.name, n) for t in self.topologies.values() for n in t.nodes}
         members: dict[str, int] = {}
+        present: dict[str, int] = {}
         by_node: dict[int, list[str]] = {}
         for group in groups:
             try:
@@ -123,6 +129,7 @@ class ReadinessProbe:
                     error_code, group_id, state, members_list = g[0], g[1], g[2], g[5]
                     # Members of a group that is still rebalancing do not consume yet: only Stable counts.
                     members[group_id] = len(members_list) if not error_code and state == "Stable" else 0
+                    present[group_id] = len(members_list) if not error_code else 0
         except IncompatibleBrokerVersion:
             log.warning("broker does not support DescribeGroups: readiness only checks that it answers")
             self._supported = False
@@ -130,10 +137,11 @@ class ReadinessProbe:
         out: dict[str, Readiness] = {}
         for name, t in self.topologies.items():
             missing = [n for n in t.nodes if not members.get(t.group_id(n))]
+            dead = tuple(n for n in t.nodes if not present.get(t.group_id(n)))
             if missing:
                 out[name] = Readiness(False, f"model '{name}': stage(s) {', '.join(missing)} have no live worker "
                                              f"(consumer group {t.group_id(missing[0])} has no member or is "
-                                             "rebalancing)")
+                                             "rebalancing)", dead=dead, missing=tuple(missing))
             else:
                 out[name] = Readiness(True, "every stage has a live worker")
         return out

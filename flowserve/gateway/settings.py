@@ -23,7 +23,13 @@ class GatewaySettings(BaseModel):
                           description="names this gateway's reply topics; unique per running gateway")
     max_inflight: int = Field(4096, ge=1, description="requests waiting for replies; beyond: 429")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="larger request bodies: 413")
+    max_connections: int = Field(10_000, ge=1, description="open client connections; one more: 503 and close")
+    header_timeout_s: float = Field(10.0, gt=0, description="a request head must arrive whole within this: 408")
+    idle_timeout_s: float = Field(60.0, gt=0, description="close a keep-alive connection idle this long; "
+                                                          "a body stalled this long: 408")
     retry_after_s: int = Field(1, ge=0, description="Retry-After sent with 429")
+    fail_fast: bool = Field(True, description="answer 503 at once while a stage of the model has no live "
+                                              "worker, instead of 504 at the request's deadline")
     ready_cache_s: float = Field(1.0, ge=0, description="how long a readiness answer is reused")
     max_timeout_ms: int = Field(600_000, gt=0, description="largest per-request timeout a caller may ask for")
     tokens: tuple[SecretStr, ...] = Field((), description="bearer tokens; none = no authentication")

@@ -44,7 +44,7 @@ outputs: {x: crash.x}
 async def test_deadline_is_504_at_the_deadline_and_not_ready_without_workers(broker) -> None:
     kafka = broker.settings()
     topology = unique(IDENTITY)
-    async with running(topology, kafka, workers=False) as (gateway, client):
+    async with running(topology, kafka, workers=False, fail_fast=False) as (gateway, client):
         ready = await client.get("/v2/health/ready")
         assert ready.status == 503 and "stage(s) a have no live worker" in ready.error
         model_ready = await client.get(f"/v2/models/{topology.name}/ready")
@@ -62,10 +62,35 @@ async def test_deadline_is_504_at_the_deadline_and_not_ready_without_workers(bro
         assert gateway.bridge.counters.timeouts == 2 and gateway.bridge.in_flight() == 0
 
 
+async def test_no_worker_is_503_at_once_and_recovers_when_one_joins(broker) -> None:
+    """While a stage has no worker the gateway refuses at once (503, kind unavailable), not at the deadline;
+    once a worker joins, requests flow again with nothing restarted."""
+    kafka = broker.settings()
+    topology = unique(IDENTITY)
+    async with running(topology, kafka, workers=False, ready_cache_s=0.2) as (gateway, client):
+        async with asyncio.timeout(60):
+            while True:  # until the gateway's first readiness probe has seen the empty stage
+                reply = await client.infer(topology.name, X, parameters={"timeout_ms": 500})
+                if reply.status == 503:
+                    break
+                assert reply.status == 504
+        assert reply.json()["kind"] == "unavailable" and reply.headers["retry-after"] == "1"
+        assert "stage(s) a have no live worker" in reply.error
+        timeouts = gateway.bridge.counters.timeouts
+        assert (await client.infer(topology.name, X)).status == 503  # deadline 30 s: a 503 is not a timeout
+        assert gateway.bridge.counters.timeouts == timeouts
+        async with InlineHost(topology, kafka), asyncio.timeout(90):
+            while (reply := await client.infer(topology.name, X, parameters={"timeout_ms": 5000})).status != 200:
+                assert reply.status in (503, 504), reply.error
+                await asyncio.sleep(0.1)  # polling for recovery, bounded by the timeout above
+            np.testing.assert_array_equal(reply.outputs()["x"], X["x"])
+
+
 async def test_full_gateway_answers_429_with_retry_after(broker) -> None:
     kafka = broker.settings()
     topology = unique(IDENTITY)
-    async with running(topology, kafka, workers=False, max_inflight=1, retry_after_s=3) as (gateway, client):
+    async with running(topology, kafka, workers=False, max_inflight=1, retry_after_s=3,
+                       fail_fast=False) as (gateway, client):
         first = asyncio.create_task(client.infer(topology.name, X, parameters={"timeout_ms": 3000}))
         while gateway.bridge.in_flight() < 1:  # wait until the first request holds the only slot
             await asyncio.sleep(0.01)
