@@ -141,6 +141,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.print(_stage_table(f"{topology.name}: plan for p99 <= {args.slo_ms:g} ms -> {target}", plan, result.stages))
     p = plan.predicted
     out.print(f"predicted p99 {p['p99_ms']:.1f} ms  cost ${p['cost_per_hour']:.3f}/h  partitions {plan.partitions}")
+    if args.plot:
+        from flowserve.bench.plot import plot_plan
+        from flowserve.tuning import curves
+        from flowserve.tuning.plan import service_curves
+
+        stages = service_curves(stage_options(topology), plan)
+        shortest = min(beta.latency for beta in stages.values())
+        plot_plan(curves.envelope(trace.arrivals, shortest), stages, args.slo_ms / 1000, args.plot,
+                  title=f"{topology.name}:")
+        err.print(f"plot: {args.plot}")
     print(json.dumps({"plan": str(target), **plan.to_json()}))
     return 0
 
@@ -212,6 +222,8 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="plan file (default: <topology>.plan.json)")
     p.add_argument("-v", "--verbose", action="store_true", help="log each search step")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw the trace's arrival envelope against the planned service curves (needs matplotlib)")
     p.set_defaults(func=cmd_plan)
     register_tune(sub)
 

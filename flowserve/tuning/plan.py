@@ -32,7 +32,8 @@ from flowserve.runtime import hardware as hw
 from flowserve.runtime.profiles import load_profiles, profile_path
 from flowserve.topology.graph import Topology, compile_spec
 from flowserve.topology.spec import BatchingSpec
-from flowserve.tuning.simulate import SimResult, SimStage, simulate
+from flowserve.tuning import curves
+from flowserve.tuning.simulate import SimResult, SimStage, batch_time, simulate
 
 PLAN_FORMAT = "flowserve-plan/1"
 #: A stage with neither a declared table nor a profile costs this (builtin plumbing such as Identity).
@@ -244,3 +245,15 @@ def make_plan(topology: Topology, arrivals: np.ndarray, slo_ms: float, *, hop_ms
                  "attainment": result.attainment(slo_ms / 1000), "cost_per_hour": cost(config, prices),
                  "utilisation": {k: round(s.utilisation, 3) for k, s in result.stages.items()}}
     return Plan(topology.name, slo_ms, partitions, hop_ms, config, predicted)
+
+
+def service_curves(options: Sequence[StageOptions], plan: Plan) -> dict[str, curves.RateLatency]:
+    """Each planned stage's rate-latency service curve: its consumers serving full batches of its planned
+    size at the hardware's batch time (filling a batch is paid as part of the queueing the envelope bounds)."""
+    out: dict[str, curves.RateLatency] = {}
+    for o in options:
+        cfg = plan.stages.get(o.id)
+        if cfg is not None:
+            seconds = batch_time(o.tables[cfg.hardware], cfg.max_batch)
+            out[o.id] = curves.service_curve(cfg.consumers, cfg.max_batch, seconds)
+    return out

@@ -54,3 +54,20 @@ def test_every_bench_workload_has_its_plot_and_takes_plot() -> None:
     workloads = next(a for a in sub.choices["bench"]._actions if a.dest == "workload").choices
     assert set(workloads) <= set(DRAWERS)
     assert parser.parse_args(["bench", "latency", "--plot", "x.png"]).plot == "x.png"
+
+
+def test_the_plan_plot_draws_the_envelope_against_the_planned_curves(tmp_path: Path) -> None:
+    import numpy as np
+
+    from flowserve.bench.plot import plot_plan
+    from flowserve.tuning import curves
+
+    arrivals = np.sort(np.random.default_rng(1).uniform(0, 60, 1800))
+    stages = {"pre": curves.service_curve(1, 1, 0.001), "model": curves.service_curve(2, 8, 0.040)}
+    path = tmp_path / "plan.png"
+    fig = plot_plan(curves.envelope(arrivals, 0.001), stages, 0.25, path, title="t:")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (ax,) = fig.axes
+    assert ax.get_xlabel() and ax.get_ylabel() and "delay bound" in ax.get_title()
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(label.startswith("end to end: R=400/s") for label in labels) and "SLO 250 ms" in labels
