@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,6 +19,7 @@ from flowserve.component import Batch, Component, Port, load_component_class
 from flowserve.errors import ComponentError, FlowserveError, TopologyError
 from flowserve.topology import names
 from flowserve.topology.capture import captured_ports, side_topics
+from flowserve.topology.parity import parity_node, readers_of
 from flowserve.topology.spec import JoinSpec, TopologySpec, load_spec, load_spec_text
 
 OUTPUTS_NODE = "outputs"
@@ -51,6 +52,9 @@ class Node:
     emits_outputs: dict[str, str] = field(default_factory=dict)
     #: port -> topic of captured ports nobody reads (written for sampled requests only; see flowserve.capture).
     capture_topics: dict[str, str] = field(default_factory=dict)
+    #: input topics where a request's first record wins and a later one is dropped as a duplicate (the
+    #: outputs of a parity-protected node: a reconstructed output and the late real one; flowserve.parity).
+    first_wins: frozenset[str] = frozenset()
 
     @property
     def sources(self) -> list[Source]:
@@ -140,6 +144,7 @@ class Topology:
             owned.extend(node.output_topics.values())
             owned.extend(node.capture_topics.values())
         owned.extend(side_topics(self))
+        owned.extend(names.parity_query_topic(self.base, n) for n, s in self.spec.nodes.items() if s.parity)
         return owned
 
     def output_ports(self) -> dict[str, Port]:
@@ -421,7 +426,21 @@ def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
             output_topics={},
             emits_outputs={name: name for name in outputs},
         )
+    _add_parity(spec, nodes, source)
     return Topology(spec=spec, source=source, nodes=nodes, inputs=inputs, outputs=outputs)
+
+
+def _add_parity(spec: TopologySpec, nodes: dict[str, Node], source: str) -> None:
+    """Add the parity model node of every parity-protected node; its readers drop late duplicates."""
+    base = names.base(spec.prefix, spec.name)
+    for node_id, node_spec in spec.nodes.items():
+        if node_spec.parity is None or node_id not in nodes:
+            continue
+        added = parity_node(nodes[node_id], node_spec.parity, node_spec.params, base, source,
+                            set(nodes) | set(spec.nodes))
+        nodes[added.id] = added
+        for reader, topics in readers_of(nodes, node_id).items():
+            nodes[reader] = replace(nodes[reader], first_wins=nodes[reader].first_wins | frozenset(topics))
 
 
 def load_topology(path: str | Path) -> Topology:
