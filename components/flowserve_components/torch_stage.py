@@ -95,6 +95,16 @@ class TorchClassifier(Component):
         except ComponentError as exc:
             raise ComponentError(f"node '{self.node}': {exc}") from None
 
+    def train_parity(self, k: int) -> dict[str, Any]:
+        """Train the zoo model's parity models (k = 2, 3, 4 and ``k``), saving the one for ``k`` beside it."""
+        from flowserve_components.parity import train_parity
+
+        if self.params.model is None or self.params.path is not None:
+            raise ComponentError(f"node '{self.node}': parity training needs a zoo model ('model'), not a 'path'")
+        report = train_parity(self.params.model, k)
+        return {"base": report.base, "k": k, "path": str(report.path), "base_accuracy": report.base_accuracy,
+                "degraded_accuracy": {str(n): a for n, a in report.degraded.items()}}
+
     def close(self) -> None:
         self._model = None
         self._pinned = None

@@ -114,18 +114,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = WorkerSettings(stats_interval_s=args.stats_interval)
     from flowserve.capture import capture_hooks
+    from flowserve.parity import parity_hooks
+    from flowserve.runtime.hooks import chain
     from flowserve.runtime.process import worker_process
 
     settings = worker_process(topology, args.node, settings)  # OS priority: side branches yield the CPU
+    hooks = chain(capture_hooks, parity_hooks(_kafka(args.broker), settings))
     if args.host == "faust":
         from flowserve.runtime.faust_host import run_worker
 
-        run_worker(topology, args.node, _kafka(args.broker), settings, hooks=capture_hooks,
+        run_worker(topology, args.node, _kafka(args.broker), settings, hooks=hooks,
                    loglevel="info" if args.verbose else "warn")
         return 0
 
     async def main() -> None:
-        worker = StageWorker(topology, args.node, _kafka(args.broker), settings, hooks=capture_hooks)
+        worker = StageWorker(topology, args.node, _kafka(args.broker), settings, hooks=hooks)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
@@ -307,6 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
     from flowserve.cli.capture import register as capture_commands
 
     capture_commands(sub)  # inspect, lineage, drift
+
+    from flowserve.cli.parity import register as parity_commands
+
+    parity_commands(sub)  # parity train
 
     from flowserve.cli.measure import cmd_profile, cmd_stats
 

@@ -144,8 +144,11 @@ class Topology:
             owned.extend(node.output_topics.values())
             owned.extend(node.capture_topics.values())
         owned.extend(side_topics(self))
-        owned.extend(names.parity_query_topic(self.base, n) for n, s in self.spec.nodes.items() if s.parity)
-        return owned
+        protected = [n for n, s in self.spec.nodes.items() if s.parity is not None]
+        owned.extend(names.parity_query_topic(self.base, n) for n in protected)
+        if protected:  # parity decoders record each reconstruction's group there
+            owned.append(self.lineage_topic)
+        return list(dict.fromkeys(owned))
 
     def output_ports(self) -> dict[str, Port]:
         return {name: src.port or Port("BYTES", (-1,)) for name, src in self.outputs.items()}
