@@ -1,9 +1,10 @@
 """The two halves of ParM's code, free of Kafka: grouping and encoding requests, decoding a late output.
 
-:class:`Encoder` groups requests bound for a protected node, per partition and in arrival order, k at a time,
-into one parity query (the sum of their inputs). A group still open ``wait_ms`` after its first member is
-given up: the members are never held (they travel to the protected node at once), only the parity query
-is not sent. Requests of different row counts never share a group.
+:class:`Encoder` groups requests bound for a protected node, in arrival order, k at a time, into one parity
+query (the sum of their inputs); the members of a group come from different stripes of partitions, so
+that different workers compute them. A group still open ``wait_ms`` after its first member is given up:
+the members are never held (they travel to the protected node at once), only the parity query is not
+sent. Requests of different row counts never share a group.
 
 :class:`Decoder` holds the protected node's outputs and the parity outputs. As soon as k of a group's k+1
 are present and one real output is missing, it reconstructs that one as ``parity - sum(others)``. A real
@@ -25,9 +26,10 @@ Headers = Mapping[str, bytes]
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """One request of a parity group: its id and the headers its reconstructed output must carry."""
+    """One request of a parity group: its id, its partition, and the headers its rebuilt output must carry."""
 
     request_id: str
+    partition: int = 0
     headers: Headers = field(default_factory=dict)
 
 
@@ -44,7 +46,9 @@ class Group:
 @dataclass
 class _Open:
     first_ms: float
+    partition: int  # the first member's: where the parity query goes
     members: list[Member]
+    stripes: set[int]
     total: dict[str, np.ndarray]
 
 
@@ -55,57 +59,67 @@ class EncoderCounters:
 
 
 class Encoder:
-    """Per-partition grouping of requests into parity queries (sum encoder)."""
+    """Groups requests into parity queries (sum encoder), each member from another stripe of partitions.
 
-    def __init__(self, k: int, wait_ms: float) -> None:
+    A group protects its members only if they are computed by different workers: the members of one
+    partition are all read by the same worker, so they must not share a group. Partitions are cut into
+    ``k`` stripes of consecutive partitions (``stripe = partition * k // partitions``); a request joins the
+    oldest open group with no member from its stripe. Range assignment gives each worker of the protected
+    node consecutive partitions, so with k workers (or a multiple) the members of a group are on distinct
+    workers. The parity query goes to the first member's partition.
+    """
+
+    def __init__(self, k: int, wait_ms: float, partitions: int) -> None:
         if k < 2:
             raise ValueError("k must be at least 2")
         self.k = k
         self.wait_ms = wait_ms
-        self._open: dict[tuple[int, int], _Open] = {}
+        self.partitions = partitions
+        #: row count -> open groups, oldest first
+        self._open: dict[int, list[_Open]] = {}
         self.counters = EncoderCounters()
+
+    def stripe(self, partition: int) -> int:
+        return partition * self.k // max(self.partitions, self.k)
 
     def add(self, partition: int, member: Member, inputs: Mapping[str, np.ndarray], now_ms: float) -> Group | None:
         """Add one request (its input rows by port); returns the group it completes, if it does."""
         rows = next(iter(inputs.values())).shape[0]
-        key = (partition, rows)
-        group = self._open.get(key)
-        if group is not None and now_ms - group.first_ms > self.wait_ms:
-            self._give_up(key)
-            group = None
-        if group is None:
-            # float64 accumulation: the parity query is a sum, and its rounding must not depend on order
-            self._open[key] = _Open(now_ms, [member], {p: a.astype(np.float64) for p, a in inputs.items()})
+        self._expire(now_ms)
+        stripe = self.stripe(partition)
+        groups = self._open.setdefault(rows, [])
+        group = next((g for g in groups if stripe not in g.stripes), None)
+        if group is None:  # a new group
+            # float64 accumulation: the parity query's rounding must not depend on the members' order
+            total = {p: a.astype(np.float64) for p, a in inputs.items()}
+            groups.append(_Open(now_ms, partition, [member], {stripe}, total))
             return None
         group.members.append(member)
+        group.stripes.add(stripe)
         for port, array in inputs.items():
             group.total[port] += array
         if len(group.members) < self.k:
             return None
-        del self._open[key]
+        groups.remove(group)
         self.counters.groups += 1
-        dtypes = {p: a.dtype for p, a in inputs.items()}
-        query = {p: t.astype(dtypes[p]) for p, t in group.total.items()}
-        return Group(f"{group.members[0].request_id}~p{self.k}", partition, tuple(group.members), query)
+        query = {p: t.astype(inputs[p].dtype) for p, t in group.total.items()}
+        return Group(f"{group.members[0].request_id}~p{self.k}", group.partition, tuple(group.members), query)
 
     def expire(self, now_ms: float) -> int:
         """Give up every group open longer than ``wait_ms``; returns how many."""
-        late = [key for key, g in self._open.items() if now_ms - g.first_ms > self.wait_ms]
-        for key in late:
-            self._give_up(key)
-        return len(late)
+        return self._expire(now_ms)
 
-    def drop_partitions(self, partitions: set[int]) -> None:
-        """Forget open groups of partitions this worker no longer owns."""
-        for key in [key for key in self._open if key[0] in partitions]:
-            del self._open[key]
+    def _expire(self, now_ms: float) -> int:
+        gone = 0
+        for groups in self._open.values():
+            while groups and now_ms - groups[0].first_ms > self.wait_ms:
+                groups.pop(0)
+                gone += 1
+        self.counters.abandoned += gone
+        return gone
 
     def __len__(self) -> int:
-        return len(self._open)
-
-    def _give_up(self, key: tuple[int, int]) -> None:
-        del self._open[key]
-        self.counters.abandoned += 1
+        return sum(len(g) for g in self._open.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +128,6 @@ class Reconstructed:
 
     member: Member
     group_id: str
-    partition: int
     outputs: dict[str, np.ndarray]
     #: every member of the group, in arrival order (lineage)
     members: tuple[str, ...] = ()
@@ -123,7 +136,6 @@ class Reconstructed:
 @dataclass
 class _Pending:
     seen_ms: float
-    partition: int
     members: tuple[Member, ...]
     parity: dict[str, np.ndarray]
 
@@ -161,11 +173,11 @@ class Decoder:
         gid = self._member_of.get(request_id)
         return self._try(gid) if gid is not None else []
 
-    def parity(self, group_id: str, partition: int, members: Sequence[Member], outputs: dict[str, np.ndarray],
+    def parity(self, group_id: str, members: Sequence[Member], outputs: dict[str, np.ndarray],
                now_ms: float) -> list[Reconstructed]:
         """The parity model's output for a group arrived."""
         self.counters.parity_outputs += 1
-        self._pending[group_id] = _Pending(now_ms, partition, tuple(members), outputs)
+        self._pending[group_id] = _Pending(now_ms, tuple(members), outputs)
         for m in members:
             self._member_of[m.request_id] = group_id
         return self._try(group_id)
@@ -208,4 +220,4 @@ class Decoder:
         self._close(gid)
         self._rebuilt[lost.request_id] = pending.seen_ms
         self.counters.reconstructed += 1
-        return [Reconstructed(lost, gid, pending.partition, decoded, tuple(m.request_id for m in pending.members))]
+        return [Reconstructed(lost, gid, decoded, tuple(m.request_id for m in pending.members))]

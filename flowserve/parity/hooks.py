@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aiokafka import TopicPartition
+
 from flowserve.component import Component
 from flowserve.errors import WireError
 from flowserve.kafka.clients import make_consumer, make_producer
@@ -65,20 +67,22 @@ def targets_of(topology: Topology, node: Node) -> list[Target]:
 
 
 def encode_members(members: Sequence[Member]) -> bytes:
-    return json.dumps([[m.request_id, {k: v.decode("latin-1") for k, v in m.headers.items()}]
+    """The ``fs-parity-members`` header: ``[[request id, partition, {header: latin-1 value}], ...]``."""
+    return json.dumps([[m.request_id, m.partition, {k: v.decode("latin-1") for k, v in m.headers.items()}]
                        for m in members], separators=(",", ":")).encode()
 
 
 def decode_members(raw: bytes) -> list[Member]:
-    return [Member(rid, {k: v.encode("latin-1") for k, v in headers.items()}) for rid, headers in json.loads(raw)]
+    return [Member(rid, int(partition), {k: v.encode("latin-1") for k, v in headers.items()})
+            for rid, partition, headers in json.loads(raw)]
 
 
 class EncoderHooks(StageHooks):
     """Groups the rows this node sends to parity-protected nodes into parity queries."""
 
-    def __init__(self, targets: Sequence[Target]) -> None:
+    def __init__(self, targets: Sequence[Target], partitions: int) -> None:
         self.targets = list(targets)
-        self.encoders = {t.node: Encoder(t.spec.k, t.spec.wait_ms) for t in self.targets}
+        self.encoders = {t.node: Encoder(t.spec.k, t.spec.wait_ms, partitions) for t in self.targets}
         self.queries = 0
         self._emit: Any = None
 
@@ -101,12 +105,12 @@ class EncoderHooks(StageHooks):
                 if outcome.errors and any(i in outcome.errors for i in range(start, stop)):
                     start = stop
                     continue
-                member = Member(rid, {k: v for k, v in headers.items() if k != H_ID})
+                member = Member(rid, partition, {k: v for k, v in headers.items() if k != H_ID})
                 group = encoder.add(partition, member, {target.in_port: array[start:stop]}, now)
                 start = stop
                 if group is not None:
                     self.queries += 1
-                    self._emit(target.topic, partition, group.group_id.encode(), encode_tensors(group.query),
+                    self._emit(target.topic, group.partition, group.group_id.encode(), encode_tensors(group.query),
                                [(H_ID, group.group_id.encode()), (H_PARITY_MEMBERS, encode_members(group.members))])
 
     def after_step(self, *, force: bool) -> bool:
@@ -142,29 +146,44 @@ class DecoderLoop:
         self._stop.set()
 
     async def run(self) -> None:
+        # Two consumers: the parity outputs are shared among the decoders (one consumer group), but a
+        # group's members live on several partitions, so every decoder reads every partition of the
+        # real outputs (no group, from the end: outputs from before it started belong to nobody's group).
         max_bytes = self.topology.spec.max_message_bytes
-        consumer = make_consumer(self.kafka, self.settings, max_message_bytes=max_bytes,
-                                 group_id=names.decoder_group(self.topology.base, self.protected),
-                                 client_id=f"fs-{self.protected}-decoder")
-        producer = make_producer(self.kafka, self.settings, max_message_bytes=max_bytes,
-                                 client_id=f"fs-{self.protected}-decoder")
+        client = f"fs-{self.protected}-decoder"
+        parity = make_consumer(self.kafka, self.settings, max_message_bytes=max_bytes, client_id=client,
+                               group_id=names.decoder_group(self.topology.base, self.protected))
+        real = make_consumer(self.kafka, self.settings.model_copy(update={"auto_offset_reset": "latest"}),
+                             max_message_bytes=max_bytes, client_id=client, group_id=None)
+        producer = make_producer(self.kafka, self.settings, max_message_bytes=max_bytes, client_id=client)
         await producer.start()
-        await consumer.start()
-        consumer.subscribe([*self.real_topics, *self.parity_topics])
+        await parity.start()
+        await real.start()
+        parity.subscribe(list(self.parity_topics))
+        real.assign([TopicPartition(t, p) for t in self.real_topics for p in range(self.topology.spec.partitions)])
+        wait = self.settings.poll_timeout_ms
+        polls: dict[asyncio.Future[Any], Any] = {}
         try:
+            for consumer in (real, parity):
+                polls[asyncio.ensure_future(consumer.getmany(timeout_ms=wait, max_records=5000))] = consumer
             while not self._stop.is_set():
-                fetched = await consumer.getmany(timeout_ms=self.settings.poll_timeout_ms, max_records=2000)
-                futures = [await producer.send(topic, value, key=key, partition=partition, headers=headers)
-                           for topic, key, value, partition, headers in self.step(fetched)]
-                if futures:
-                    await asyncio.gather(*futures)
-                if fetched:
-                    await consumer.commit()
+                done, _ = await asyncio.wait(polls, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    consumer = polls.pop(task)
+                    fetched = task.result()
+                    futures = [await producer.send(topic, value, key=key, partition=partition, headers=headers)
+                               for topic, key, value, partition, headers in self.step(fetched)]
+                    if futures:
+                        await asyncio.gather(*futures)
+                    if consumer is parity and fetched:
+                        await parity.commit()
+                    polls[asyncio.ensure_future(consumer.getmany(timeout_ms=wait, max_records=5000))] = consumer
         finally:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
-            with contextlib.suppress(Exception):
-                await producer.stop()
+            for task in polls:
+                task.cancel()
+            for client_ in (parity, real, producer):
+                with contextlib.suppress(Exception):
+                    await client_.stop()
 
     def step(self, fetched: Mapping[Any, list[Any]]) -> list[tuple[str, bytes, bytes, int, list[tuple[str, bytes]]]]:
         """Feed consumed records to the decoder; the records to write: (topic, key, value, partition, headers).
@@ -184,7 +203,7 @@ class DecoderLoop:
                 rid = rec.key.decode("utf-8", "replace")
                 if tp.topic in self.parity_topics:
                     members = decode_members(headers.get(H_PARITY_MEMBERS, b"[]"))
-                    done = self.decoder.parity(rid, tp.partition, members, tensors, now)
+                    done = self.decoder.parity(rid, members, tensors, now)
                 else:
                     done = self.decoder.real(rid, tensors, now)
                 for r in done:
@@ -192,9 +211,10 @@ class DecoderLoop:
                             (H_RECONSTRUCTED, r.group_id.encode())]
                     key = r.member.request_id.encode()
                     for port, rows in r.outputs.items():
-                        out.append((self.outputs[port], key, encode_tensors({port: rows}), r.partition, hdrs))
+                        out.append((self.outputs[port], key, encode_tensors({port: rows}), r.member.partition, hdrs))
                     lineage = self._lineage(r.member.request_id, r.group_id, list(r.members))
-                    out.append((self.topology.lineage_topic, key, json.dumps(lineage).encode(), r.partition, []))
+                    out.append((self.topology.lineage_topic, key, json.dumps(lineage).encode(), r.member.partition,
+                                []))
         self.decoder.expire(now)
         return out
 
@@ -237,7 +257,7 @@ def parity_hooks(kafka: KafkaSettings, settings: WorkerSettings | None = None) -
         hooks: list[StageHooks] = []
         targets = targets_of(topology, node)
         if targets:
-            hooks.append(EncoderHooks(targets))
+            hooks.append(EncoderHooks(targets, topology.spec.partitions))
         for nid, spec in topology.spec.nodes.items():
             if spec.parity is not None and node.id == names.parity_node(nid):
                 hooks.append(DecoderHooks(DecoderLoop(topology, nid, kafka, settings)))

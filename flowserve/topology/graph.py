@@ -439,7 +439,7 @@ def _add_parity(spec: TopologySpec, nodes: dict[str, Node], source: str) -> None
     for node_id, node_spec in spec.nodes.items():
         if node_spec.parity is None or node_id not in nodes:
             continue
-        added = parity_node(nodes[node_id], node_spec.parity, node_spec.params, base, source,
+        added = parity_node(nodes[node_id], node_spec.parity, node_spec.params, base, spec.partitions, source,
                             set(nodes) | set(spec.nodes))
         nodes[added.id] = added
         for reader, topics in readers_of(nodes, node_id).items():

@@ -8,12 +8,12 @@ A node opts in::
       inputs: {x: pre.x}
       parity:
         k: 2                      # requests per parity group (any k of the k+1 outputs suffice)
-        params: {path: ~/.cache/flowserve/models/digits-mlp.parity-k2.pt}   # the parity model's params
+        params: {parity_k: 2}     # laid over the node's params: TorchClassifier loads its parity model
         encoder: sum              # the parity query: the sum of the k inputs
         wait_ms: 20               # a group still open after this is given up (its requests never wait)
 
 The compiler then adds the parity model node ``<node>-parity``: the protected node's component class
-(or ``component:``) configured with the protected node's params updated by ``params:``, reading the parity
+configured with the protected node's params updated by ``params:`` (or ``component:`` with ``params:``), reading the parity
 queries on ``<base>.<node>.parity`` and writing ``<base>.<node>-parity.<port>``, with its own consumer
 group and ``replicas`` worker processes. Checks name the node and the fix.
 """
@@ -44,7 +44,8 @@ class ParitySpec(BaseModel):
     k: int = Field(2, le=16)
     #: the parity model's component; default: the protected node's component class.
     component: str | None = None
-    #: params of the parity model, laid over the protected node's params (e.g. another weights path).
+    #: params of the parity model: laid over the protected node's params (e.g. another weights file), or,
+    #: with ``component``, that component's params.
     params: dict[str, Any] = Field(default_factory=dict)
     #: sum: the parity query is the sum of the k inputs (ParM's general encoder).
     encoder: Literal["sum"] = "sum"
@@ -75,8 +76,8 @@ def _summable(node_id: str, what: str, ports: Mapping[str, Port], source: str) -
             )
 
 
-def parity_node(node: Node, spec: ParitySpec, node_params: Mapping[str, Any], base: str, source: str,
-                taken: set[str]) -> Node:
+def parity_node(node: Node, spec: ParitySpec, node_params: Mapping[str, Any], base: str, partitions: int,
+                source: str, taken: set[str]) -> Node:
     """Check parity-protected ``node`` and build its parity model node."""
     from flowserve.topology.graph import Node, Source
 
@@ -86,6 +87,11 @@ def parity_node(node: Node, spec: ParitySpec, node_params: Mapping[str, Any], ba
         raise TopologyError(f"parity: the parity model node would be named '{pid}', which is taken; "
                             "rename that node", source=source, node=nid)
     comp = node.component
+    if partitions < spec.k:
+        raise TopologyError(
+            f"parity: k={spec.k} needs at least {spec.k} partitions (a group's members come from different "
+            f"partitions, read by different workers), the topology has {partitions}; raise 'partitions'",
+            source=source, node=nid)
     if len(node.bindings) != 1 or node.triggers or node.needs_join:
         raise TopologyError(
             "parity: a protected node must read one input port from one node, without joins or triggers "
@@ -105,8 +111,10 @@ def parity_node(node: Node, spec: ParitySpec, node_params: Mapping[str, Any], ba
     _summable(nid, "input", comp.inputs, source)
     _summable(nid, "output", {p: comp.outputs[p] for p in node.output_topics}, source)
     try:
-        cls = load_component_class(spec.component) if spec.component else type(comp)
-        parity: Component = cls.configure({**node_params, **spec.params}, node=pid)
+        if spec.component:  # another component: its own params only
+            parity: Component = load_component_class(spec.component).configure(dict(spec.params), node=pid)
+        else:
+            parity = type(comp).configure({**node_params, **spec.params}, node=pid)
     except ComponentError as exc:
         raise TopologyError(f"parity model: {exc}", source=source, node=nid) from None
     for kind, mine, theirs in (("input", comp.inputs, parity.inputs), ("output", comp.outputs, parity.outputs)):
