@@ -13,7 +13,7 @@ A node opts in::
         wait_ms: 20               # a group still open after this is given up (its requests never wait)
 
 The compiler then adds the parity model node ``<node>-parity``: the protected node's component class
-configured with the protected node's params updated by ``params:`` (or ``component:`` with ``params:``), reading the parity
+configured with its params updated by ``params:`` (or ``component:`` with ``params:``), reading the parity
 queries on ``<base>.<node>.parity`` and writing ``<base>.<node>-parity.<port>``, with its own consumer
 group and ``replicas`` worker processes. Checks name the node and the fix.
 """

@@ -50,9 +50,10 @@ def test_k_below_two_names_the_node_and_the_fix() -> None:
 
 
 def test_outputs_that_cannot_be_summed_are_refused() -> None:
-    text = GOOD.replace("component: fs_testkit:Affine\n    params: {mul: 3.0}", "component: fs_testkit:Count") \
-        .replace("params: {weights: parity-k2}", "params: {}").replace("post: {component: fs_testkit:AddOne, inputs: {x: model.x}}",
-                                                                   "post: {component: fs_testkit:Affine, inputs: {x: pre.x}, triggers: [model.n]}")
+    text = (GOOD.replace("component: fs_testkit:Affine\n    params: {mul: 3.0}", "component: fs_testkit:Count")
+            .replace("params: {weights: parity-k2}", "params: {}")
+            .replace("post: {component: fs_testkit:AddOne, inputs: {x: model.x}}",
+                     "post: {component: fs_testkit:Affine, inputs: {x: pre.x}, triggers: [model.n]}"))
     err = _error(text)
     assert err.node == "model"
     assert "INT64" in str(err) and "cannot be summed" in str(err)
@@ -75,7 +76,8 @@ def test_fewer_partitions_than_k_is_refused() -> None:
 
 
 def test_a_protected_node_must_not_write_the_outputs_itself() -> None:
-    text = GOOD.replace("  post: {component: fs_testkit:AddOne, inputs: {x: model.x}}\n", "").replace("post.x", "model.x")
+    text = GOOD.replace("  post: {component: fs_testkit:AddOne, inputs: {x: model.x}}\n", "")
+    text = text.replace("post.x", "model.x")
     err = _error(text)
     assert err.node == "model" and "add a node after it" in str(err)
 
