@@ -1,7 +1,8 @@
 """``flowserve bench parity``: coded redundancy (ParM) against no redundancy and replication, at equal resources.
 
-The digits topology (pre -> model -> post) is deployed three times side by side, each worker its own
-process, and the three take turns in short open-loop slices (balanced order, see :mod:`paired`):
+The digits topology (pre -> model -> post) is deployed for each contender in turn (each worker its own
+process; one deployment at a time, in balanced order over ``rounds`` blocks, see :mod:`paired`), and
+each deployment runs one open-loop slice of every scenario:
 
 - ``none``: the model node with ``N`` workers;
 - ``replicas``: ``N + N/k`` workers of the model (the extra workers as replicas of the base);
@@ -147,48 +148,45 @@ async def parity_bench(kafka: KafkaSettings, *, rate: float = 60.0, slice_s: flo
     for _, topology in topologies.values():
         prepare_to_drive(topology)
     requests, labels = topologies["none"][1].sampler()(2000)
-    hosts = {c: ProcessHost(path, topology, kafka) for c, (path, topology) in topologies.items()}
-    clients: dict[str, TopologyClient] = {}
-    results: dict[str, Any] = {}
-    try:
-        for host in hosts.values():
+    # One contender deployed at a time (a shared machine cannot hold three deployments' workers at once);
+    # the contenders take turns in blocks, and each block runs a slice of every scenario.
+    slices: dict[str, dict[str, list[list[float]]]] = {s: {c: [] for c in CONTENDERS} for s in SCENARIOS}
+    tally = {s: {c: {"correct": 0, "rebuilt": 0, "cpu_s": 0.0} for c in CONTENDERS} for s in SCENARIOS}
+    for c in balanced_order(CONTENDERS, rounds):
+        path, topology = topologies[c]
+        host = ProcessHost(path, topology, kafka)
+        try:
             await host.start()
-        for c, (_, topology) in topologies.items():
-            clients[c] = TopologyClient(topology, kafka)
-            await clients[c].start()
-            await wait_ready(clients[c], requests[0], timeout_s=180)
-            await _slice(clients[c], requests, labels, rate, 2.0, rng)  # warm-up: groups settle, caches fill
-        for scenario in SCENARIOS:
-            slices: dict[str, list[list[float]]] = {c: [] for c in CONTENDERS}
-            tally = {c: {"correct": 0, "rebuilt": 0, "cpu_s": 0.0} for c in CONTENDERS}
-            for c in balanced_order(CONTENDERS, rounds):
-                procs = [p for ps in hosts[c].procs.values() for p in ps]
-                cpu0 = sum(cpu_seconds(p.pid) for p in procs)
-                inject = asyncio.create_task(_inject(scenario, hosts[c].procs["model"], slice_s, rng,
-                                                     stall_ms=stall_ms, stall_every_ms=stall_every_ms, stop_s=stop_s))
-                lat, correct, rebuilt = await _slice(clients[c], requests, labels, rate, slice_s, rng)
-                await inject
-                tally[c]["cpu_s"] += sum(cpu_seconds(p.pid) for p in procs) - cpu0
-                tally[c]["correct"] += correct
-                tally[c]["rebuilt"] += rebuilt
-                slices[c].append(lat)
-            part: dict[str, Any] = {}
-            for c in CONTENDERS:
-                pooled = [x for s in slices[c] for x in s]
-                part[c] = {**_stats(pooled), "accuracy": round(tally[c]["correct"] / len(pooled), 4),
-                           "rebuilt": tally[c]["rebuilt"],
-                           "cpu_ms_per_request": round(1000 * tally[c]["cpu_s"] / len(pooled), 3)}
-            point, low, high = gap_ratio(slices["parity"], slices["replicas"])
-            part["gap_ratio_parity_over_replicas"] = [round(point, 3), round(low, 3), round(high, 3)]
-            part["p50_ratio_parity_over_none"] = round(part["parity"]["p50_ms"] / part["none"]["p50_ms"], 3)
-            results[scenario] = part
-            _print(scenario, part)
-    finally:
-        for client in clients.values():
-            with contextlib.suppress(Exception):
-                await client.stop()
-        for host in hosts.values():
+            async with TopologyClient(topology, kafka) as client:
+                await wait_ready(client, requests[0], timeout_s=180)
+                await _slice(client, requests, labels, rate, 2.0, rng)  # warm-up: groups form, caches fill
+                for scenario in SCENARIOS:
+                    procs = [p for ps in host.procs.values() for p in ps]
+                    cpu0 = sum(cpu_seconds(p.pid) for p in procs)
+                    inject = asyncio.create_task(_inject(scenario, host.procs["model"], slice_s, rng, stall_ms=stall_ms,
+                                                         stall_every_ms=stall_every_ms, stop_s=stop_s))
+                    lat, correct, rebuilt = await _slice(client, requests, labels, rate, slice_s, rng)
+                    await inject
+                    t = tally[scenario][c]
+                    t["cpu_s"] += sum(cpu_seconds(p.pid) for p in procs) - cpu0
+                    t["correct"] += correct
+                    t["rebuilt"] += rebuilt
+                    slices[scenario][c].append(lat)
+        finally:
             host.stop()
+    results: dict[str, Any] = {}
+    for scenario in SCENARIOS:
+        part: dict[str, Any] = {}
+        for c in CONTENDERS:
+            pooled = [x for s in slices[scenario][c] for x in s]
+            t = tally[scenario][c]
+            part[c] = {**_stats(pooled), "accuracy": round(t["correct"] / len(pooled), 4), "rebuilt": t["rebuilt"],
+                       "cpu_ms_per_request": round(1000 * t["cpu_s"] / len(pooled), 3)}
+        point, low, high = gap_ratio(slices[scenario]["parity"], slices[scenario]["replicas"])
+        part["gap_ratio_parity_over_replicas"] = [round(point, 3), round(low, 3), round(high, 3)]
+        part["p50_ratio_parity_over_none"] = round(part["parity"]["p50_ms"] / part["none"]["p50_ms"], 3)
+        results[scenario] = part
+        _print(scenario, part)
     overhead = results["clean"]["parity"]["cpu_ms_per_request"] / results["clean"]["none"]["cpu_ms_per_request"] - 1
     stragglers = [s for s in SCENARIOS if s != "clean"]
     degraded = {int(key): value for key, value in training["degraded_accuracy"].items()}

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
+from aiokafka import AIOKafkaConsumer
 
 from flowserve.client import TopologyClient
 from flowserve.client.traffic import wait_ready
@@ -56,6 +58,38 @@ async def _until_both_workers_compute(client: TopologyClient, host: ProcessHost)
     raise AssertionError("the model workers never both answered requests (120 rounds of warm-up)")
 
 
+async def _check_counters_and_lineage(host: ProcessHost, rebuilt: set[str]) -> None:
+    """The encoder's and decoder's counters reach the metrics snapshots (``flowserve stats``), and every
+    rebuilt request has a lineage record naming its group."""
+    topology = host.topology
+    for _ in range(100):  # snapshots are published every 2 s: poll until they count the rebuilt outputs
+        snaps = await read_snapshots(topology, host.kafka)
+        total = {key: sum(s["counters"].get(key, 0) for s in snaps)
+                 for key in ("parity_groups", "reconstructed", "duplicates")}
+        if total["reconstructed"] >= len(rebuilt):
+            break
+        await asyncio.sleep(0.5)
+    assert total["parity_groups"] > 0 and total["reconstructed"] >= len(rebuilt)
+    consumer = AIOKafkaConsumer(topology.lineage_topic, group_id=None, auto_offset_reset="earliest",
+                                **host.kafka.client_kwargs())
+    await consumer.start()
+    found: dict[str, dict] = {}
+    try:
+        while not rebuilt <= set(found):
+            batches = await consumer.getmany(timeout_ms=5000)
+            assert batches, f"no lineage record for {sorted(rebuilt - set(found))[:5]}"
+            for records in batches.values():
+                for rec in records:
+                    body = json.loads(rec.value)
+                    if "reconstructed" in body:
+                        found[body["request_id"]] = body
+    finally:
+        await consumer.stop()
+    some = found[min(rebuilt)]
+    assert some["node"] == "model" and min(rebuilt) in some["reconstructed"]["members"]
+    assert len(some["reconstructed"]["members"]) == 2
+
+
 async def test_a_stopped_worker_of_a_protected_node_is_hidden_by_parity(kafka, write_topology,
                                                                           tmp_path: Path) -> None:
     path = write_topology(PIPELINE)
@@ -81,14 +115,17 @@ async def test_a_stopped_worker_of_a_protected_node_is_hidden_by_parity(kafka, w
             await client.flush()
             done, pending = await asyncio.wait(futures.values(), timeout=180)
             assert not pending, f"{len(pending)} of {N} requests never came back"
-            rebuilt = 0
+            rebuilt_ids = set()
             for i in range(N):
                 reply = futures[f"req-{i}"].result()
                 assert reply.error is None, f"req-{i}: {reply.error}"
                 np.testing.assert_array_equal(reply.tensors["y"], np.full((1, 4), (i + 1) * 3 + 1, np.float32))
-                rebuilt += H_RECONSTRUCTED in reply.headers
+                if H_RECONSTRUCTED in reply.headers:
+                    rebuilt_ids.add(f"req-{i}")
+            rebuilt = len(rebuilt_ids)
             assert rebuilt > 0, "no reply was rebuilt from its parity group"
             assert client.duplicates == 0
+            await _check_counters_and_lineage(host, rebuilt_ids)
     finally:
         with contextlib.suppress(ProcessLookupError):
             stopped.send_signal(signal.SIGCONT)
