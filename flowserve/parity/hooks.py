@@ -193,7 +193,8 @@ class DecoderLoop:
         for tp, records in fetched.items():
             for rec in records:
                 headers = dict(rec.headers or ())
-                if H_ERROR in headers or rec.key is None:
+                # error results carry nothing to decode with; rebuilt outputs are this decoder's own echo
+                if H_ERROR in headers or H_RECONSTRUCTED in headers or rec.key is None:
                     continue
                 try:
                     tensors = decode_tensors(rec.value)
