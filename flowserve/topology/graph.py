@@ -183,6 +183,9 @@ class Topology:
             if n not in seen:
                 seen.add(n)
                 todo.extend(feeds.get(n, ()))
+        # A parity model node stands in for its protected node's late outputs: on the path when that is.
+        seen.update(names.parity_node(n) for n, s in self.spec.nodes.items()
+                    if s.parity is not None and n in seen and names.parity_node(n) in self.nodes)
         return frozenset(seen)
 
     def on_critical_path(self, node_id: str) -> bool:

@@ -35,6 +35,8 @@ def test_a_protected_node_gets_a_parity_model_node_and_its_readers_drop_duplicat
     assert t.nodes["model"].first_wins == frozenset()
     assert "fs.par.model.parity" in t.topics() and "fs.par.model-parity.x" in t.topics()
     assert t.lineage_topic in t.topics()
+    # it stands in for the protected node's late outputs: not a side branch (no lowered priority)
+    assert t.on_critical_path("model-parity")
 
 
 def _error(text: str) -> TopologyError:
