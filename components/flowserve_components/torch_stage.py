@@ -12,6 +12,7 @@ torch is imported in ``setup``, not at module import, so loading a topology stay
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -30,6 +31,8 @@ class TorchClassifierParams(BaseModel):
 
     model: str | None = Field(None, description="zoo model name; with a state-dict 'path', its architecture")
     path: str | None = Field(None, description="user weights: a TorchScript file or a state dict for 'model'")
+    parity_k: int | None = Field(None, ge=2, le=16, description="load the zoo model's parity model for groups "
+                                 "of k (trained by `flowserve parity train`) instead of the model")
     threads: int = Field(1, ge=1, le=256, description="torch intra-op threads per worker (CPU only)")
     max_batch: int | None = Field(None, gt=0, le=65536, description="largest batch in requests")
 
@@ -69,7 +72,7 @@ class TorchClassifier(Component):
 
     def prepare(self) -> None:
         """Train and cache a missing zoo model once, before the workers that load it start."""
-        if self.params.path is None and self.params.model is not None:
+        if self.params.path is None and self.params.model is not None and self.params.parity_k is None:
             models.ensure(self.params.model)
 
     def setup(self) -> None:
@@ -79,11 +82,28 @@ class TorchClassifier(Component):
         if self.device == "cpu":
             # Several workers share the machine's cores; torch's default (all cores each) oversubscribes.
             torch.set_num_threads(self.params.threads)
+        path = self.params.path
+        if self.params.parity_k is not None and path is None and self.params.model is not None:
+            from flowserve_components.parity import parity_path
+
+            path = str(parity_path(self.params.model, self.params.parity_k))
+            if not Path(path).exists():
+                raise ComponentError(f"node '{self.node}': no parity model at {path}; train it with "
+                                     f"'flowserve parity train TOPOLOGY NODE --k {self.params.parity_k}'")
         try:
-            self._model, self.weights_hash = models.load_with_hash(self.params.model, self.device,
-                                                                   self.params.path)
+            self._model, self.weights_hash = models.load_with_hash(self.params.model, self.device, path)
         except ComponentError as exc:
             raise ComponentError(f"node '{self.node}': {exc}") from None
+
+    def train_parity(self, k: int) -> dict[str, Any]:
+        """Train the zoo model's parity models (k = 2, 3, 4 and ``k``), saving the one for ``k`` beside it."""
+        from flowserve_components.parity import train_parity
+
+        if self.params.model is None or self.params.path is not None:
+            raise ComponentError(f"node '{self.node}': parity training needs a zoo model ('model'), not a 'path'")
+        report = train_parity(self.params.model, k)
+        return {"base": report.base, "k": k, "path": str(report.path), "base_accuracy": report.base_accuracy,
+                "degraded_accuracy": {str(n): a for n, a in report.degraded.items()}}
 
     def close(self) -> None:
         self._model = None

@@ -26,7 +26,7 @@ def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> 
         from flowserve.bench.capture import PARTS, capture_bench
 
         parts = (args.only,) if getattr(args, "only", None) else PARTS
-        return asyncio.run(capture_bench(kafka, rate=args.rate, seconds=args.seconds, slice_s=args.slice_seconds,
+        return asyncio.run(capture_bench(kafka, rate=args.rate, seconds=args.seconds, slice_s=args.slice_seconds or 2.0,
                                          parts=parts, blocks=args.blocks))
     if workload == "batching":
         from flowserve.bench.batching import batching
@@ -38,4 +38,9 @@ def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> 
         only = "simulate" if workload == "simulate" else getattr(args, "part", None)
         return asyncio.run(tuner_bench(kafka, rate=args.tuner_rate, seconds=args.trace_seconds, slo_ms=args.slo_ms,
                                        sim_rate=args.tuner_rate, only=only))
+    if workload == "parity":
+        from flowserve.bench.parity import parity_bench
+
+        return asyncio.run(parity_bench(kafka, rate=args.rate, slice_s=args.slice_seconds or 4.0,
+                                        rounds=args.rounds, k=args.k, stop_s=args.stop_seconds))
     raise ValueError(f"unknown workload {workload}")

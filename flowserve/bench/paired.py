@@ -120,3 +120,21 @@ def percentile_ratio(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]],
                      / np.percentile(np.concatenate([xb[i] for i in pick]), q))
     low, high = np.percentile(ratios, [2.5, 97.5])
     return point, float(low), float(high)
+
+
+def gap_ratio(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], *, resamples: int = RESAMPLES,
+              seed: int = 0) -> tuple[float, float, float]:
+    """The tail gap (p99.9 - p50) of every latency in ``a`` over that of ``b`` (``a[i]``, ``b[i]``: slice
+    ``i``'s latencies on each side), and its 95% bootstrap interval over slice pairs."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"need the same number of slices on both sides, got {len(a)} and {len(b)}")
+
+    def gap(xs: Sequence[Sequence[float]], pick: Sequence[int] | np.ndarray) -> float:
+        pooled = np.concatenate([np.asarray(xs[i], dtype=float) for i in pick])
+        p50, p999 = np.percentile(pooled, [50, 99.9])
+        return float(p999 - p50)
+
+    everything = list(range(len(a)))
+    ratios = [gap(a, pick) / max(gap(b, pick), 1e-9) for pick in _resamples(len(a), resamples, seed)]
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return gap(a, everything) / max(gap(b, everything), 1e-9), float(low), float(high)

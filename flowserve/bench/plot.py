@@ -147,6 +147,26 @@ def tuner(fig: Any, result: dict[str, Any]) -> None:
         ax.legend(fontsize=7)
 
 
+def parity(fig: Any, result: dict[str, Any]) -> None:
+    """Per straggler scenario and contender: the p50, p99 and p99.9 latency, and the gap p99.9 - p50."""
+    lat, gap = fig.subplots(1, 2)
+    scenarios = list(result["scenarios"])
+    first = result["scenarios"][scenarios[0]]
+    contenders = [c for c, r in first.items() if isinstance(r, dict)]
+    width = 0.8 / len(contenders)
+    for i, c in enumerate(contenders):
+        xs = [x + (i - (len(contenders) - 1) / 2) * width for x in range(len(scenarios))]
+        rows = [result["scenarios"][s][c] for s in scenarios]
+        lat.bar(xs, [r["p99_9_ms"] for r in rows], width, color=f"C{i}", alpha=0.35)
+        lat.bar(xs, [r["p50_ms"] for r in rows], width, color=f"C{i}", label=f"{c} (p50; light: p99.9)")
+        gap.bar(xs, [r["gap_ms"] for r in rows], width, color=f"C{i}", label=c)
+    for ax in (lat, gap):
+        ax.set_xticks(range(len(scenarios)), scenarios)
+        ax.legend(fontsize=7)
+    lat.set(title="latency", xlabel="scenario", ylabel="latency (ms)", yscale="log")
+    gap.set(title="tail gap p99.9 - p50", xlabel="scenario", ylabel="gap (ms)", yscale="log")
+
+
 def numbers(fig: Any, result: dict[str, Any]) -> None:
     """Any other result: its top-level numbers as bars."""
     ax = fig.subplots()
@@ -156,7 +176,8 @@ def numbers(fig: Any, result: dict[str, Any]) -> None:
 
 
 DRAWERS: dict[str, Drawer] = {"batching": batching, "gateway": gateway, "latency": latency,
-                              "passthrough": passthrough, "capture": capture, "tuner": tuner, "simulate": tuner}
+                              "passthrough": passthrough, "capture": capture, "tuner": tuner, "simulate": tuner,
+                              "parity": parity}
 
 
 def plot_plan(family: Any, stages: dict[str, Any], slo_s: float, path: str | Path, title: str = "") -> Any:
@@ -196,7 +217,7 @@ def plot_result(result: dict[str, Any], path: str | Path) -> Any:
     """Draw ``result`` (what ``flowserve bench`` prints last) to ``path``; returns the matplotlib Figure."""
     workload = str(result.get("workload", ""))
     drawer = DRAWERS.get(workload, numbers)
-    panels = {"batching": 2, "gateway": len(result.get("topologies", {})) or 1,
+    panels = {"batching": 2, "parity": 2, "gateway": len(result.get("topologies", {})) or 1,
               "tuner": 2 * bool(result.get("tuner")) + bool(result.get("simulate")) or 1}.get(workload, 1)
     fig = _figure(panels, width=5.5 if workload == "gateway" else 6.5)
     if workload == "gateway":

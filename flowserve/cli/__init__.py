@@ -147,18 +147,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = WorkerSettings(stats_interval_s=args.stats_interval)
     from flowserve.capture import capture_hooks
+    from flowserve.parity import parity_hooks
+    from flowserve.runtime.hooks import chain
     from flowserve.runtime.process import worker_process
 
     settings = worker_process(topology, args.node, settings)  # OS priority: side branches yield the CPU
+    hooks = chain(capture_hooks, parity_hooks(_kafka(args.broker), settings))
     if args.host == "faust":
         from flowserve.runtime.faust_host import run_worker
 
-        run_worker(topology, args.node, _kafka(args.broker), settings, hooks=capture_hooks,
+        run_worker(topology, args.node, _kafka(args.broker), settings, hooks=hooks,
                    loglevel="info" if args.verbose else "warn")
         return 0
 
     async def main() -> None:
-        worker = StageWorker(topology, args.node, _kafka(args.broker), settings, hooks=capture_hooks)
+        worker = StageWorker(topology, args.node, _kafka(args.broker), settings, hooks=hooks)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
@@ -390,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ui", help="a live web page of running topologies: graph, figures, charts, lineage")
     ui_arguments(p)
     p.set_defaults(func=cmd_ui)
+    from flowserve.cli.parity import register as parity_commands
+
+    parity_commands(sub)  # parity train
 
     from flowserve.cli.measure import cmd_profile, cmd_stats
 
@@ -413,15 +419,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks: flowserve and its baseline in one run, with the ratio")
     p.add_argument("workload", choices=["passthrough", "latency", "gateway", "capture", "batching", "tuner",
-                                        "simulate"])
+                                        "simulate", "parity"])
     broker_opts(p)
     p.add_argument("--records", type=int, default=200_000, help="passthrough: records per contender")
     p.add_argument("--rate", type=float, default=50.0, help="latency, capture's detector part: requests per second")
     p.add_argument("--seconds", type=float, default=20.0,
                    help="latency: how long to send; gateway: per level; capture: per configuration")
     p.add_argument("--cell-seconds", type=float, default=3.0, help="batching: seconds of traffic per load cell")
-    p.add_argument("--slice-seconds", type=float, default=2.0,
-                   help="capture: configurations take turns in slices this long")
+    p.add_argument("--slice-seconds", type=float, default=None,
+                   help="capture, parity: configurations take turns in slices this long (default 2 s, 4 s)")
+    p.add_argument("--rounds", type=int, default=4, help="parity: slices per contender and scenario")
+    p.add_argument("--k", type=int, default=2, help="parity: requests per parity group")
+    p.add_argument("--stop-seconds", type=float, default=1.5,
+                   help="parity: how long the 'stopped' scenario SIGSTOPs a model worker")
     p.add_argument("--blocks", type=int, default=3,
                    help="capture: deploy afresh this many times per part (deployments differ on their own)")
     p.add_argument("--only", choices=["saturation", "detector"], help="capture: run one part of the bench")

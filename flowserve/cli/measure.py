@@ -55,10 +55,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
             ("exec p50 ms", "exec_p50_ms"), ("exec p99 ms", "exec_p99_ms"), ("wait p50 ms", "wait_p50_ms"),
             ("wait p99 ms", "wait_p99_ms"), ("lag", "lag"), ("ok", "requests_ok"), ("refused", "refused"),
             ("expired", "expired"), ("late", "late"), ("dead letters", "dead_lettered")]
+    # parity counters (flowserve.parity) only where some worker reports them: groups, reconstructions, drops
+    parity = [("dup dropped", "duplicates"), ("parity groups", "parity_groups"),
+              ("parity abandoned", "parity_abandoned"), ("reconstructed", "reconstructed"),
+              ("late real", "parity_late_real")]
+    if any(row.get(key) for row in rows for _, key in parity):
+        cols += parity
     for title, _ in cols:
         table.add_column(title, justify="left" if title in ("node", "worker", "policy") else "right")
     for row in rows:
-        table.add_row(*(str(row[key]) for _, key in cols))
+        table.add_row(*(str(row.get(key, 0)) for _, key in cols))
     out.print(table)
     # consumers per stage: workers whose latest snapshot is recent (the tuner starts and stops them)
     live: dict[str, int] = {}

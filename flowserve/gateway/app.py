@@ -24,7 +24,7 @@ from flowserve.kafka.replies import Reply
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.heap import settle
 from flowserve.topology.graph import Topology
-from flowserve.wire.envelope import H_REPLY_TO, make_headers, new_request_id, new_traceparent, now_ms
+from flowserve.wire.envelope import H_RECONSTRUCTED, H_REPLY_TO, make_headers, new_request_id, new_traceparent, now_ms
 from flowserve.wire.tensors import encode_tensors
 from flowserve.wire.v2 import HEADER_LENGTH, InferRequest, encode_response, parse_infer
 
@@ -266,7 +266,10 @@ class Gateway:
             where = f" at node '{reply.node}'" if reply.node else ""
             return error_response(status_of(failure.kind), f"request '{rid}' failed{where}: {failure.reason}", echo,
                                   failure.kind)
-        body, header_length = encode_response(topology.name, topology.version, rid, reply.tensors, parsed)
+        # an output rebuilt from its parity group (flowserve.parity) says so, and names the group
+        group = reply.headers.get(H_RECONSTRUCTED)
+        params = {"reconstructed": True, "parity_group": group.decode("utf-8", "replace")} if group else None
+        body, header_length = encode_response(topology.name, topology.version, rid, reply.tensors, parsed, params)
         if header_length is None:
             return Response(200, body, headers=echo)
         return Response(200, body, "application/octet-stream",

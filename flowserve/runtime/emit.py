@@ -43,6 +43,8 @@ class Counters:
     refused: int = 0
     #: processed here but finished after their deadline.
     late: int = 0
+    #: records dropped on a first-wins input: a request's output already read (``Node.first_wins``)
+    duplicates: int = 0
     #: dead letters per error kind (``flowserve.errors.ErrorKind``)
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
 

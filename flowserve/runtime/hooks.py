@@ -89,6 +89,10 @@ class StageHooks:
         batches so far are still held back (their offsets must not commit yet)."""
         return True
 
+    def counters(self) -> Mapping[str, int]:
+        """Counts this hook keeps, merged into the worker's counters (metrics snapshots, ``flowserve stats``)."""
+        return {}
+
     def close(self) -> None:
         """Once, when the worker stops."""
 
@@ -100,3 +104,12 @@ HookFactory = Callable[[Topology, Node, Component], list[StageHooks]]
 def no_hooks(topology: Topology, node: Node, component: Component) -> list[StageHooks]:
     """The :data:`HookFactory` of a worker with no features attached."""
     return []
+
+
+def chain(*factories: HookFactory) -> HookFactory:
+    """One :data:`HookFactory` attaching every feature's hooks, in the order given."""
+
+    def factory(topology: Topology, node: Node, component: Component) -> list[StageHooks]:
+        return [hook for f in factories for hook in f(topology, node, component)]
+
+    return factory

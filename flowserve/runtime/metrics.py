@@ -33,7 +33,10 @@ if TYPE_CHECKING:
 SIZE_BOUNDS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 MS_BOUNDS = [0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 2000,
              5000, 10_000]
-COUNTERS = ("requests_ok", "refused", "expired", "late", "dead_lettered", "error_results")
+COUNTERS = ("requests_ok", "refused", "expired", "late", "dead_lettered", "error_results", "duplicates")
+#: counters of parity hooks (flowserve.parity), shown by ``flowserve stats`` where a worker reports them
+PARITY_COUNTERS = ("parity_groups", "parity_queries", "parity_abandoned", "parity_outputs", "reconstructed",
+                   "parity_late_real")
 
 
 def worker_id() -> str:
@@ -215,5 +218,6 @@ def snapshot_rows(snaps: list[dict[str, Any]], now_ms: int | None = None) -> lis
             "batch_p99": size.get("p99", 0), "exec_p50_ms": exe.get("p50", 0), "exec_p99_ms": exe.get("p99", 0),
             "wait_p50_ms": wait.get("p50", 0), "wait_p99_ms": wait.get("p99", 0), "lag": m.get("lag", 0),
             **{k: c.get(k, 0) for k in COUNTERS},
+            **{k: c[k] for k in PARITY_COUNTERS if k in c},
         })
     return rows

@@ -28,6 +28,7 @@ from flowserve.kafka.outbox import Outbox
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.runtime.batching import BatchPolicy, describe, make_policy
 from flowserve.runtime.commits import Commits
+from flowserve.runtime.dedup import FirstWins
 from flowserve.runtime.emit import Counters, Emitter, Item, _visits
 from flowserve.runtime.execute import Executor
 from flowserve.runtime.fastpath import decode_column
@@ -62,6 +63,8 @@ class _Rebalance(ConsumerRebalanceListener):
             await self.worker.drain()
             if self.worker.join is not None:
                 self.worker.join.drop_partitions({tp.partition for tp in revoked})
+            if self.worker._first is not None:
+                self.worker._first.drop(revoked)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         if self.worker.paused:  # an operator's pause holds across rebalances
@@ -121,6 +124,8 @@ class StageWorker(Emitter):
         self._started = False
         self.paused = False
         self._seen: dict[TP, int] = {}
+        #: first-wins inputs (a parity-protected node's outputs): request ids already read, per partition
+        self._first = FirstWins(self.node.first_wins) if self.node.first_wins else None
         #: the batch awaiting its acknowledgements: futures, offsets, and whether it may commit (see _settle)
         self._inflight: tuple[list[Any], dict[TopicPartition, int], bool] | None = None
         self.consumer = make_consumer(kafka, self.settings, group_id=topology.group_id(node_id),
@@ -139,7 +144,7 @@ class StageWorker(Emitter):
             return
         await asyncio.to_thread(self.component.setup)
         settle()
-        self.metrics = NodeMetrics(self.topology.name, self.node.id, counters=self.counters.snapshot,
+        self.metrics = NodeMetrics(self.topology.name, self.node.id, counters=self._counts,
                                    lag=lambda: self._last_lag)
         stage = StageContext(self.topology, self.node, self.component, self.outbox.add, self._reply_topic)
         for hook in self.hooks:
@@ -175,7 +180,7 @@ class StageWorker(Emitter):
                 interval = self.settings.stats_interval_s
                 if interval and time.monotonic() - last_stats > interval:
                     last_stats = time.monotonic()
-                    log.info("node %s counters %s", self.node.id, json.dumps(self.counters.snapshot()))
+                    log.info("node %s counters %s", self.node.id, json.dumps(self._counts()))
         finally:
             await self.close()
 
@@ -197,9 +202,16 @@ class StageWorker(Emitter):
         self.component.close()
         for hook in self.hooks:
             hook.close()
-        log.info("node %s stopped: %s", self.node.id, json.dumps(self.counters.snapshot()))
+        log.info("node %s stopped: %s", self.node.id, json.dumps(self._counts()))
 
     # -- metrics -------------------------------------------------------------------------------------
+
+    def _counts(self) -> dict[str, Any]:
+        """The worker's counters and its hooks' (parity, ...)."""
+        counts = self.counters.snapshot()
+        for hook in self.hooks:
+            counts.update(hook.counters())
+        return counts
 
     def _snapshot(self) -> dict[str, Any]:
         assert self.metrics is not None
@@ -275,6 +287,10 @@ class StageWorker(Emitter):
             *fetched.values(), key=_timestamp)
         waits: list[float] = []
         records = list(ordered)
+        if self._first is not None:
+            kept = self._first.keep(records)
+            self.counters.duplicates += len(records) - len(kept)
+            records = kept
         if self._columnar is not None and records and self._intake_columnar(records, items):
             self.counters.records_in += len(records)
             waits = [now - r.timestamp for r in records if r.timestamp and r.timestamp > 0]

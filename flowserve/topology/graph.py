@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,6 +19,7 @@ from flowserve.component import Batch, Component, Port, load_component_class
 from flowserve.errors import ComponentError, FlowserveError, TopologyError
 from flowserve.topology import names
 from flowserve.topology.capture import captured_ports, side_topics
+from flowserve.topology.parity import parity_node, readers_of
 from flowserve.topology.spec import JoinSpec, TopologySpec, load_spec, load_spec_text
 
 OUTPUTS_NODE = "outputs"
@@ -51,6 +52,9 @@ class Node:
     emits_outputs: dict[str, str] = field(default_factory=dict)
     #: port -> topic of captured ports nobody reads (written for sampled requests only; see flowserve.capture).
     capture_topics: dict[str, str] = field(default_factory=dict)
+    #: input topics where a request's first record wins and a later one is dropped as a duplicate (the
+    #: outputs of a parity-protected node: a reconstructed output and the late real one; flowserve.parity).
+    first_wins: frozenset[str] = frozenset()
 
     @property
     def sources(self) -> list[Source]:
@@ -140,7 +144,11 @@ class Topology:
             owned.extend(node.output_topics.values())
             owned.extend(node.capture_topics.values())
         owned.extend(side_topics(self))
-        return owned
+        protected = [n for n, s in self.spec.nodes.items() if s.parity is not None]
+        owned.extend(names.parity_query_topic(self.base, n) for n in protected)
+        if protected:  # parity decoders record each reconstruction's group there
+            owned.append(self.lineage_topic)
+        return list(dict.fromkeys(owned))
 
     def output_ports(self) -> dict[str, Port]:
         return {name: src.port or Port("BYTES", (-1,)) for name, src in self.outputs.items()}
@@ -175,6 +183,9 @@ class Topology:
             if n not in seen:
                 seen.add(n)
                 todo.extend(feeds.get(n, ()))
+        # A parity model node stands in for its protected node's late outputs: on the path when that is.
+        seen.update(names.parity_node(n) for n, s in self.spec.nodes.items()
+                    if s.parity is not None and n in seen and names.parity_node(n) in self.nodes)
         return frozenset(seen)
 
     def on_critical_path(self, node_id: str) -> bool:
@@ -421,7 +432,21 @@ def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
             output_topics={},
             emits_outputs={name: name for name in outputs},
         )
+    _add_parity(spec, nodes, source)
     return Topology(spec=spec, source=source, nodes=nodes, inputs=inputs, outputs=outputs)
+
+
+def _add_parity(spec: TopologySpec, nodes: dict[str, Node], source: str) -> None:
+    """Add the parity model node of every parity-protected node; its readers drop late duplicates."""
+    base = names.base(spec.prefix, spec.name)
+    for node_id, node_spec in spec.nodes.items():
+        if node_spec.parity is None or node_id not in nodes:
+            continue
+        added = parity_node(nodes[node_id], node_spec.parity, node_spec.params, base, spec.partitions, source,
+                            set(nodes) | set(spec.nodes))
+        nodes[added.id] = added
+        for reader, topics in readers_of(nodes, node_id).items():
+            nodes[reader] = replace(nodes[reader], first_wins=nodes[reader].first_wins | frozenset(topics))
 
 
 def load_topology(path: str | Path) -> Topology:

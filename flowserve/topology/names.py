@@ -11,6 +11,8 @@ Every name starts with a topology's *base*, ``<prefix>.<topology>`` (prefix ``fs
     <base>.control             operator commands to every worker of the topology
     <base>.lineage             lineage records (capture)
     <base>.<side>              a component's side reports, e.g. ``<base>.drift``
+    <base>.<node>.parity       parity queries for a parity-protected node (flowserve.parity)
+    <base>.<node>-parity.<p>   the parity model's outputs (its node id is ``<node>-parity``)
 
 A node's consumer group is ``<base>.<node>``. Names are plain functions of strings, so tools that know
 only a topology's name and prefix (``flowserve inspect``, the capture reader) form the same names.
@@ -81,3 +83,27 @@ def edge_topic(base: str, node: str, port: str) -> str:
 def group_id(base: str, node: str) -> str:
     """The consumer group of ``node``'s workers."""
     return f"{base}.{node}"
+
+
+#: the suffix of a parity-protected node's parity topics (flowserve.parity).
+PARITY = "parity"
+
+
+def parity_query_topic(base: str, node: str) -> str:
+    """Encoded parity queries for parity-protected ``node``: ``<base>.<node>.parity``."""
+    return f"{base}.{node}.{PARITY}"
+
+
+def parity_node(node: str) -> str:
+    """The id of the parity model node that protects ``node`` (its own consumer group and workers)."""
+    return f"{node}-{PARITY}"
+
+
+def parity_output_topic(base: str, node: str, port: str) -> str:
+    """The parity model's output ``port`` for protected ``node``: ``<base>.<node>-parity.<port>``."""
+    return edge_topic(base, parity_node(node), port)
+
+
+def decoder_group(base: str, node: str) -> str:
+    """The consumer group of ``node``'s parity decoder."""
+    return f"{base}.{node}.decoder"

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from flowserve.errors import TopologyError
 from flowserve.topology.capture import CaptureSpec
+from flowserve.topology.parity import ParitySpec
 
 ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 RESERVED_IDS = frozenset({"input", "inputs", "outputs", "output", "deadletter", "replies"})
@@ -60,6 +61,8 @@ class NodeSpec(_Strict):
     #: OS priority of this node's worker processes (an ``os.nice`` increment, 0-19). Default: 0 on the
     #: critical path, 10 for a side branch (a node none of whose outputs reach the topology's outputs).
     nice: int | None = Field(None, ge=0, le=19)
+    #: coded redundancy (ParM): a parity model node hides this node's slow or failed workers.
+    parity: ParitySpec | None = None
 
 
 class TopologySpec(_Strict):

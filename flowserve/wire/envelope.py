@@ -32,6 +32,10 @@ H_NODE = "fs-node"
 H_FORMAT = "fs-format"
 H_VISITS = "fs-visits"
 H_REPLY_TO = "fs-reply-to"
+#: on an output rebuilt from a parity group (flowserve.parity) instead of computed: the group's id
+H_RECONSTRUCTED = "fs-reconstructed"
+#: on a parity query: its members as JSON ``[[request_id, {header: latin-1 value}], ...]``
+H_PARITY_MEMBERS = "fs-parity-members"
 
 #: Headers that are not copied from an input record to the records a node derives from it.
 _NOT_INHERITED = frozenset({H_ERROR, H_ERROR_KIND, H_NODE})

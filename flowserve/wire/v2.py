@@ -295,8 +295,9 @@ def _binary_spec(name: str, array: np.ndarray, raw: bytes) -> dict[str, Any]:
 
 
 def encode_response(model: str, version: str, request_id: str, tensors: Mapping[str, np.ndarray],
-                    request: InferRequest) -> tuple[bytes, int | None]:
-    """The response body and, when some output is binary, the JSON header's length."""
+                    request: InferRequest, parameters: Mapping[str, Any] | None = None) -> tuple[bytes, int | None]:
+    """The response body and, when some output is binary, the JSON header's length. ``parameters``: the
+    response's ``parameters`` object (e.g. ``reconstructed``), left out when empty."""
     names = list(request.outputs) or list(tensors)
     outputs: list[dict[str, Any]] = []
     blobs: list[bytes] = []
@@ -310,8 +311,11 @@ def encode_response(model: str, version: str, request_id: str, tensors: Mapping[
             blobs.append(raw)
         else:
             outputs.append(tensor_to_v2(name, array))
-    body = json.dumps({"model_name": model, "model_version": version, "id": request_id, "outputs": outputs},
-                      separators=(",", ":")).encode()
+    doc: dict[str, Any] = {"model_name": model, "model_version": version, "id": request_id}
+    if parameters:
+        doc["parameters"] = dict(parameters)
+    doc["outputs"] = outputs
+    body = json.dumps(doc, separators=(",", ":")).encode()
     if not blobs:
         return body, None
     return body + b"".join(blobs), len(body)

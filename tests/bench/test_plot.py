@@ -32,6 +32,10 @@ RESULTS = {
                      {"pipeline": "cascade", "error": "no plan meets the SLO"}]},
     "simulate": {"workload": "tuner", "hop_ms": 5.0, "tuner": [],
                  "simulate": [{"pipeline": "social-media", "sim_p99_ms": 190.0, "live_p99_ms": 200.0}]},
+    "parity": {"workload": "parity", "scenarios": {
+        s: {c: {"p50_ms": 30.0 + i, "p99_ms": 100.0, "p99_9_ms": 150.0 * (i + 1), "gap_ms": 120.0 * (i + 1)}
+            for i, c in enumerate(("none", "replicas", "parity"))} | {"p50_ratio_parity_over_none": 1.0}
+        for s in ("clean", "stalls", "stopped")}},
     "other": {"workload": "other", "a": 1.0, "b": 2},
 }
 

@@ -179,3 +179,23 @@ class Lifecycle(Component):
 
     def process(self, batch: Batch) -> dict[str, np.ndarray]:
         return {"x": batch["x"]}
+
+
+class Count(Component):
+    """An integer output (cannot be summed by a parity decoder)."""
+
+    inputs: ClassVar[dict[str, Port]] = {"x": ROW}
+    outputs: ClassVar[dict[str, Port]] = {"n": Port("INT64", [-1, 1])}
+
+    def process(self, batch: Batch) -> dict[str, np.ndarray]:
+        return {"n": np.ones((batch.rows, 1), np.int64)}
+
+
+class Widen(Component):
+    """FP32 [-1, 4] -> FP32 [-1, 8] on port ``x``: not a parity model for a 4 -> 4 node."""
+
+    inputs: ClassVar[dict[str, Port]] = {"x": ROW}
+    outputs: ClassVar[dict[str, Port]] = {"x": Port("FP32", [-1, 8])}
+
+    def process(self, batch: Batch) -> dict[str, np.ndarray]:
+        return {"x": np.concatenate([batch["x"], batch["x"]], axis=1)}

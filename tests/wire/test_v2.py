@@ -477,3 +477,15 @@ def test_decode_response_rejects_bad_bodies(body: bytes, header_length: str | No
         header_length = str(body.index(b"}]}") + 3)
     with pytest.raises(WireError, match=message):
         decode_response(body, header_length)
+
+
+def test_response_parameters_say_an_output_was_reconstructed() -> None:
+    tensors = {"label": np.array([[3]], np.int64)}
+    body, n = encode_response("m", "1", "r", tensors, InferRequest("r", {}, {}),
+                              {"reconstructed": True, "parity_group": "g1"})
+    assert n is None
+    doc = json.loads(body)
+    assert doc["parameters"] == {"reconstructed": True, "parity_group": "g1"}
+    assert doc["outputs"][0]["name"] == "label"
+    plain, _ = encode_response("m", "1", "r", tensors, InferRequest("r", {}, {}))
+    assert "parameters" not in json.loads(plain)

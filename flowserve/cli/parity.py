@@ -1,0 +1,34 @@
+"""``flowserve parity``: commands of coded redundancy (ParM)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from flowserve.errors import FlowserveError
+
+
+def cmd_parity_train(args: argparse.Namespace) -> int:
+    from flowserve.topology import load_topology
+
+    topology = load_topology(args.topology)
+    node = topology.spec.nodes.get(args.node)
+    if node is None:
+        raise FlowserveError(f"topology '{topology.name}' has no node '{args.node}' "
+                             f"(nodes: {', '.join(topology.spec.nodes)})")
+    if node.parity is not None and node.parity.k != args.k:
+        print(f"note: node '{args.node}' declares parity k={node.parity.k}; training k={args.k}")
+    report: dict[str, Any] = topology.nodes[args.node].component.train_parity(args.k)
+    print(json.dumps(report))
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("parity", help="coded redundancy (ParM): train a node's parity model")
+    parity = p.add_subparsers(dest="parity_command", required=True)
+    t = parity.add_parser("train", help="train a node's parity model; print base and degraded-mode accuracy")
+    t.add_argument("topology")
+    t.add_argument("node")
+    t.add_argument("--k", type=int, default=2, help="requests per parity group (2..16)")
+    t.set_defaults(func=cmd_parity_train)
