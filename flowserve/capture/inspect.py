@@ -22,7 +22,7 @@ from flowserve.errors import FlowserveError
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology import names
 
-SPECIAL = (names.INPUTS, names.OUTPUTS, names.DEADLETTER, names.LINEAGE, "drift")
+SPECIAL = (names.INPUTS, names.OUTPUTS, names.DEADLETTER, names.LINEAGE, names.ACTIONS, "drift")
 #: topics of a topology that are not edges: skipped by ``inspect TOPOLOGY`` (name them to read them).
 HIDDEN = names.SERVICE_TOPICS
 _FIRST = 6

@@ -76,13 +76,22 @@ def sources(kafka: KafkaSettings) -> UiSources:
         return lineage_json(steps)
 
     async def actions(topology: Topology) -> list[dict[str, Any]]:
-        try:
-            records = await inspect_records(kafka, f"{topology.name}.{names.CONTROL}",
-                                            prefix=topology.spec.prefix, last=50, timeout_s=5.0)
-        except FlowserveError:  # no control topic yet: nobody sent a command
-            return []
-        return [{"ts_ms": r.timestamp_ms, "source": "control", "action": r.body} for r in records
-                if r.body is not None]
+        """Operators' commands (the control topic) and what features did on their own (the actions topic:
+        the tuner's scaling, the parity decoder's reconstructions), oldest first."""
+        out: list[dict[str, Any]] = []
+        for topic in (names.CONTROL, names.ACTIONS):
+            try:
+                records = await inspect_records(kafka, f"{topology.name}.{topic}", prefix=topology.spec.prefix,
+                                                last=50, timeout_s=5.0)
+            except FlowserveError:  # no such topic yet: nobody sent a command, no feature acted
+                continue
+            for r in records:
+                if topic == names.CONTROL and r.body is not None:
+                    out.append({"ts_ms": r.timestamp_ms, "source": "control", "action": r.body})
+                elif isinstance(r.body, dict):
+                    out.append({"ts_ms": r.body.get("ts_ms", r.timestamp_ms), "source": r.body.get("source", "?"),
+                                "node": r.body.get("node"), "action": r.body.get("action")})
+        return sorted(out, key=lambda a: a["ts_ms"] or 0)
 
     return UiSources(snapshots=snapshots, drift=drift, lineage=look_up, actions=actions)
 

@@ -216,6 +216,11 @@ class DecoderLoop:
                     lineage = self._lineage(r.member.request_id, r.group_id, list(r.members))
                     out.append((self.topology.lineage_topic, key, json.dumps(lineage).encode(), r.member.partition,
                                 []))
+                    action = {"ts_ms": now, "source": "parity", "node": self.protected,
+                              "action": {"reconstructed": r.member.request_id, "group": r.group_id,
+                                         "members": list(r.members)}}
+                    out.append((self.topology.actions_topic, key, json.dumps(action).encode(),
+                                r.member.partition, []))
         self.decoder.expire(now)
         return out
 

@@ -126,6 +126,11 @@ class Topology:
     def lineage_topic(self) -> str:
         return names.lineage_topic(self.base)
 
+    @property
+    def actions_topic(self) -> str:
+        """What features did on their own (the tuner's scaling, the parity decoder's reconstructions)."""
+        return names.actions_topic(self.base)
+
     def side_topic(self, name: str) -> str:
         """Where a component's side reports go (``Component.side_output``)."""
         return names.side_topic(self.base, name)
@@ -146,8 +151,8 @@ class Topology:
         owned.extend(side_topics(self))
         protected = [n for n, s in self.spec.nodes.items() if s.parity is not None]
         owned.extend(names.parity_query_topic(self.base, n) for n in protected)
-        if protected:  # parity decoders record each reconstruction's group there
-            owned.append(self.lineage_topic)
+        if protected:  # parity decoders record each reconstruction's group in lineage, and as an action
+            owned.extend((self.lineage_topic, self.actions_topic))
         return list(dict.fromkeys(owned))
 
     def output_ports(self) -> dict[str, Port]:

@@ -10,6 +10,8 @@ Every name starts with a topology's *base*, ``<prefix>.<topology>`` (prefix ``fs
     <base>.metrics             workers' periodic metrics snapshots
     <base>.control             operator commands to every worker of the topology
     <base>.lineage             lineage records (capture)
+    <base>.actions             what features did on their own: the tuner's scaling, the parity decoder's
+                               reconstructions (JSON: ts_ms, source, node, action; ``flowserve ui`` shows them)
     <base>.<side>              a component's side reports, e.g. ``<base>.drift``
     <base>.<node>.parity       parity queries for a parity-protected node (flowserve.parity)
     <base>.<node>-parity.<p>   the parity model's outputs (its node id is ``<node>-parity``)
@@ -26,6 +28,7 @@ DEADLETTER = "deadletter"
 METRICS = "metrics"
 CONTROL = "control"
 LINEAGE = "lineage"
+ACTIONS = "actions"
 REPLIES = "replies"
 
 #: the topics of a topology that are not edges (``flowserve inspect`` hides these by default).
@@ -59,6 +62,10 @@ def control_topic(base: str) -> str:
 
 def lineage_topic(base: str) -> str:
     return f"{base}.{LINEAGE}"
+
+
+def actions_topic(base: str) -> str:
+    return f"{base}.{ACTIONS}"
 
 
 def side_topic(base: str, name: str) -> str:

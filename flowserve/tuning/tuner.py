@@ -237,13 +237,64 @@ async def run_tuner(controller: Controller, scaler: Scaler, *, interval_s: float
 async def tune(topology: Topology, plan: Plan, kafka: KafkaSettings, scaler: Scaler, *, stop: asyncio.Event,
                hold_s: float = 30.0, hysteresis: float = 0.25, horizon_s: float = 60.0, interval_s: float = 1.0,
                settle_s: float = 5.0, on_action: Callable[[Action], None] | None = None) -> list[Action]:
-    """Tail the topology's inputs topic and resize its stages through ``scaler`` until ``stop`` is set."""
+    """Tail the topology's inputs topic and resize its stages through ``scaler`` until ``stop`` is set.
+
+    Every action is also published to the topology's actions topic (``flowserve ui`` shows it)."""
     targets = targets_from_plan(stage_options(topology), plan)
     controller = Controller(targets, hold_s=hold_s, hysteresis=hysteresis, horizon_s=horizon_s, settle_s=settle_s)
     tail = asyncio.create_task(tail_arrivals(kafka, topology.inputs_topic, topology.spec.partitions,
                                              controller.observe, stop))
+    log_action = ActionLog(topology, kafka)
+    await log_action.start()
+
+    def acted(action: Action) -> None:
+        log_action(action)
+        if on_action is not None:
+            on_action(action)
+
     try:
-        return await run_tuner(controller, scaler, interval_s=interval_s, stop=stop, on_action=on_action)
+        return await run_tuner(controller, scaler, interval_s=interval_s, stop=stop, on_action=acted)
     finally:
         stop.set()
         await tail
+        await log_action.close()
+
+
+class ActionLog:
+    """Publishes actions to a topology's actions topic without waiting: an action that cannot be published
+    is logged, and never stops the tuner."""
+
+    def __init__(self, topology: Topology, kafka: KafkaSettings) -> None:
+        from flowserve.kafka.clients import make_producer
+        from flowserve.kafka.settings import WorkerSettings
+
+        self.topology = topology
+        self.kafka = kafka
+        self._producer = make_producer(kafka, WorkerSettings(acks=1), max_message_bytes=64 * 1024)
+        self._pending: set[asyncio.Future[object]] = set()
+
+    async def start(self) -> None:
+        from flowserve.kafka.admin import ensure_topics
+
+        await ensure_topics(self.kafka, [self.topology.actions_topic], self.topology.spec.partitions)
+        await self._producer.start()
+
+    def __call__(self, action: Action) -> None:
+        import json
+
+        body = {"ts_ms": int(action.at * 1000), "source": "tuner", "node": action.stage,
+                "action": {"consumers": [action.before, action.after], "reason": action.reason}}
+        send = asyncio.ensure_future(self._producer.send_and_wait(
+            self.topology.actions_topic, json.dumps(body).encode(), key=action.stage.encode()))
+        self._pending.add(send)
+        send.add_done_callback(self._published)
+
+    def _published(self, send: asyncio.Future[object]) -> None:
+        self._pending.discard(send)
+        if not send.cancelled() and send.exception() is not None:
+            log.warning("tuner: action not published to %s: %r", self.topology.actions_topic, send.exception())
+
+    async def close(self) -> None:
+        if self._pending:
+            await asyncio.wait(self._pending, timeout=5)
+        await self._producer.stop()

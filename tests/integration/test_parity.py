@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from flowserve.capture.inspect import inspect_records
 from flowserve.client import TopologyClient
 from flowserve.client.traffic import wait_ready
 from flowserve.runtime.host import ProcessHost
@@ -88,6 +89,10 @@ async def _check_counters_and_lineage(host: ProcessHost, rebuilt: set[str]) -> N
     some = found[min(rebuilt)]
     assert some["node"] == "model" and min(rebuilt) in some["reconstructed"]["members"]
     assert len(some["reconstructed"]["members"]) == 2
+    # and as actions of the parity decoder on the actions topic (flowserve ui shows them)
+    actions = await inspect_records(host.kafka, f"{topology.name}.actions", last=1000, timeout_s=10)
+    acted = {r.body["action"]["reconstructed"] for r in actions if r.body["source"] == "parity"}
+    assert rebuilt <= acted
 
 
 async def test_a_stopped_worker_of_a_protected_node_is_hidden_by_parity(kafka, write_topology,

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from flowserve.capture.inspect import inspect_records
 from flowserve.client import TopologyClient
 from flowserve.client.traffic import wait_ready
 from flowserve.runtime.host import ProcessHost, create_topology_topics
@@ -95,6 +96,11 @@ async def test_tuner_adds_a_consumer_on_a_step_and_removes_it_after_the_hold(
                 assert reply.error is None, f"{rid}: {reply.error}"
                 np.testing.assert_array_equal(reply.tensors["x"], sent[rid])
             assert client.duplicates == 0
+        # every action is on the topology's actions topic too (flowserve ui shows them)
+        published = await inspect_records(kafka, f"{topology.name}.actions", last=100, timeout_s=10)
+        assert [(r.body["node"], r.body["action"]["consumers"]) for r in published] == \
+            [(a.stage, [a.before, a.after]) for a in actions]
+        assert {r.body["source"] for r in published} == {"tuner"}
     finally:
         stop.set()
         host.stop()
