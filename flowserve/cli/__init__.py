@@ -109,8 +109,14 @@ def cmd_topics(args: argparse.Namespace) -> int:
             raise FlowserveError("--create needs --broker host:port")
         if args.partitions:
             topology = topology.with_partitions(args.partitions)
-        created = asyncio.run(create_topology_topics(topology, _kafka(args.broker)))
-        console.print(f"created {len(created)} topic(s) with {partitions} partitions")
+        kafka = _kafka(args.broker)
+        if args.replication_factor or args.min_insync_replicas:
+            kafka = kafka.model_copy(update={"replication_factor": args.replication_factor or kafka.replication_factor,
+                                             "min_insync_replicas": args.min_insync_replicas
+                                             or kafka.min_insync_replicas})
+        created = asyncio.run(create_topology_topics(topology, kafka))
+        copies = kafka.replication_factor or "min(3, brokers)"
+        console.print(f"created {len(created)} topic(s) with {partitions} partitions, {copies} copies each")
     for topic in topology.topics():
         print(topic)
     return 0
@@ -237,6 +243,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
         # it answers a fetch only when the fetch's wait ends: clients elsewhere must keep the wait short
         print(f"clients of this broker: export FLOWSERVE_FETCH_MAX_WAIT_MS={broker.fetch_max_wait_ms}",
               file=sys.stderr, flush=True)
+    if broker.supports_transactions:
+        print("clients of this broker: export FLOWSERVE_IDEMPOTENCE=1 (idempotent producers)",
+              file=sys.stderr, flush=True)
     try:
         _wait_for_stop()
     finally:
@@ -313,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topology")
     p.add_argument("--create", action="store_true")
     p.add_argument("--partitions", type=int)
+    p.add_argument("--replication-factor", type=int,
+                   help="copies of each partition (default: min(3, brokers); FLOWSERVE_REPLICATION_FACTOR)")
+    p.add_argument("--min-insync-replicas", type=int,
+                   help="copies a write needs with acks=all (default: 2 where 3 copies, else 1)")
     p.add_argument("--broker")
     p.set_defaults(func=cmd_topics)
 

@@ -102,6 +102,7 @@ class ProcessHost:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env["FLOWSERVE_FETCH_MAX_WAIT_MS"] = str(self.kafka.fetch_max_wait_ms)
+        env["FLOWSERVE_IDEMPOTENCE"] = "1" if self.kafka.idempotence else "0"
         return env
 
     def spawn(self, node_id: str) -> subprocess.Popen[bytes]:
