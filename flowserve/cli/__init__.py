@@ -339,8 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int)
     p.set_defaults(func=cmd_broker)
 
+    from flowserve.cli.deploy import add_arguments as deploy_arguments
     from flowserve.cli.gateway import add_arguments as gateway_arguments
     from flowserve.cli.gateway import cmd_gateway
+
+    p = sub.add_parser("deploy", help="render a topology's deployment: Dockerfiles, Kubernetes objects or Compose")
+    deploy_arguments(p)
 
     p = sub.add_parser("gateway", help="serve topologies over HTTP (Open Inference Protocol V2), request-reply")
     gateway_arguments(p)
