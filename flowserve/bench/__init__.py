@@ -32,4 +32,8 @@ def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> 
         from flowserve.bench.batching import batching
 
         return asyncio.run(batching(kafka, cell_seconds=getattr(args, "cell_seconds", 3.0)))
+    if workload == "scale":
+        from flowserve.bench.scale import scale_bench
+
+        return asyncio.run(scale_bench(kafka, slice_s=args.slice_seconds, rounds=args.rounds))
     raise ValueError(f"unknown workload {workload}")

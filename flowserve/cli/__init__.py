@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("bench", help="benchmarks: flowserve and its baseline in one run, with the ratio")
-    p.add_argument("workload", choices=["passthrough", "latency", "gateway", "capture", "batching"])
+    p.add_argument("workload", choices=["passthrough", "latency", "gateway", "capture", "batching", "scale"])
     broker_opts(p)
     p.add_argument("--records", type=int, default=200_000, help="passthrough: records per contender")
     p.add_argument("--rate", type=float, default=50.0, help="latency, capture's detector part: requests per second")
@@ -386,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="latency: how long to send; gateway: per level; capture: per configuration")
     p.add_argument("--cell-seconds", type=float, default=3.0, help="batching: seconds of traffic per load cell")
     p.add_argument("--slice-seconds", type=float, default=2.0,
-                   help="capture: configurations take turns in slices this long")
+                   help="capture, scale: configurations take turns in slices this long")
+    p.add_argument("--rounds", type=int, default=6, help="scale: slices per configuration")
     p.add_argument("--blocks", type=int, default=3,
                    help="capture: deploy afresh this many times per part (deployments differ on their own)")
     p.add_argument("--only", choices=["saturation", "detector"], help="capture: run one part of the bench")
