@@ -40,6 +40,7 @@ class NodePlan:
     replicas: int = 1
     cpu: str = "500m"
     memory: str = "512Mi"
+    memory_limit: str = "2Gi"
     gpu: int = 0  # accelerator stages: GPUs per consumer (requests nvidia.com/gpu, runs the CUDA image)
     max_replicas: int | None = None  # KEDA's ceiling (default: the topology's partitions)
 
@@ -103,10 +104,12 @@ def _worker_command(topology: Topology, path: str, node_id: str, bootstrap: str)
     return ["worker", path, node_id, "--broker", bootstrap]
 
 
-# Readiness: the worker's process answers and a broker accepts connections. An exec probe that works
-# today (a health endpoint on the worker may replace it).
+# Exec probes that work today (a health endpoint on the worker may replace them). Ready: a broker
+# accepts connections. Alive: the worker (PID 1) is neither stopped nor a zombie; not the broker check,
+# which would restart every worker while the brokers are down, when restarting helps nothing.
 _PROBE = ("import os,socket;h,p=os.environ['FLOWSERVE_BOOTSTRAP'].split(',')[0].rsplit(':',1);"
           "socket.create_connection((h,int(p)),3).close()")
+_ALIVE = "import sys;sys.exit(open('/proc/1/stat').read().rsplit(')',1)[1].split()[0] in 'ZTt')"
 
 
 def _env(bootstrap: str, plan: Plan) -> dict[str, str]:
@@ -186,11 +189,13 @@ def _strimzi(cluster: str, plan: Plan) -> list[dict[str, Any]]:
 def _deployment(name: str, labels: dict[str, str], config: str, node: NodePlan, plan: Plan,
                 args: list[str]) -> dict[str, Any]:
     requests: dict[str, Any] = {"cpu": node.cpu, "memory": node.memory}
-    limits: dict[str, Any] = {"memory": node.memory}
+    limits: dict[str, Any] = {"memory": node.memory_limit}
     if node.gpu:
         requests["nvidia.com/gpu"] = node.gpu
         limits["nvidia.com/gpu"] = node.gpu  # extended resources: request and limit must match
-    probe = {"exec": {"command": ["python", "-c", _PROBE]}, "periodSeconds": 10, "timeoutSeconds": 5}
+    ready = {"exec": {"command": ["python", "-c", _PROBE]}, "periodSeconds": 10, "timeoutSeconds": 5}
+    alive = {"exec": {"command": ["python", "-c", _ALIVE]}, "periodSeconds": 10, "timeoutSeconds": 5,
+             "failureThreshold": 3}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
         "spec": {
@@ -203,7 +208,7 @@ def _deployment(name: str, labels: dict[str, str], config: str, node: NodePlan, 
                     "name": "flowserve", "image": _image(plan, node), "args": args,
                     "envFrom": [{"configMapRef": {"name": config}}],
                     "resources": {"requests": requests, "limits": limits},
-                    "readinessProbe": probe, "livenessProbe": {**probe, "failureThreshold": 6},
+                    "readinessProbe": ready, "livenessProbe": alive,
                 }],
             }},
         },
@@ -256,7 +261,7 @@ def compose(topology: Topology, path: str, plan: Plan) -> dict[str, Any]:
             "command": _worker_command(topology, path, node_id, bootstrap), "restart": "unless-stopped",
             "stop_grace_period": "30s",
             "deploy": {"replicas": node.replicas,
-                       "resources": {"limits": {"memory": node.memory}}},
+                       "resources": {"limits": {"memory": node.memory_limit}}},
             "healthcheck": {"test": ["CMD", "python", "-c", _PROBE], "interval": "10s", "timeout": "5s"},
         }
         if node.gpu:
@@ -283,11 +288,18 @@ def render(topology: Topology, *, path: str | None = None, plan: Plan | None = N
     files = {"Dockerfile": _template("Dockerfile"), "Dockerfile.cuda": _template("Dockerfile.cuda")}
     header = f"# Rendered by `flowserve deploy render` from topology {topology.name!r}: edit the topology, not this.\n"
     if target == "k8s":
-        files["k8s.yaml"] = header + yaml.safe_dump_all(kubernetes(topology, path, plan), sort_keys=False)
+        files["k8s.yaml"] = header + yaml.dump_all(kubernetes(topology, path, plan), Dumper=_Dumper, sort_keys=False)
     else:
-        files["compose.yaml"] = header + yaml.safe_dump(compose(topology, path, plan), sort_keys=False)
+        files["compose.yaml"] = header + yaml.dump(compose(topology, path, plan), Dumper=_Dumper, sort_keys=False)
         files["otel-collector.yaml"] = _template("otel-collector.yaml")
     return files
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes shared values out in full: no ``&id001`` anchors, which readers of manifests trip over."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def write(files: dict[str, str], out: str | Path) -> list[Path]:
