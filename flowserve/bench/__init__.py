@@ -43,4 +43,8 @@ def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> 
 
         return asyncio.run(parity_bench(kafka, rate=args.rate, slice_s=args.slice_seconds or 4.0,
                                         rounds=args.rounds, k=args.k, stop_s=args.stop_seconds))
+    if workload == "scale":
+        from flowserve.bench.scale import scale_bench
+
+        return asyncio.run(scale_bench(kafka, slice_s=args.slice_seconds or 2.0, rounds=args.rounds))
     raise ValueError(f"unknown workload {workload}")

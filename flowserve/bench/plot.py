@@ -167,6 +167,16 @@ def parity(fig: Any, result: dict[str, Any]) -> None:
     gap.set(title="tail gap p99.9 - p50", xlabel="scenario", ylabel="gap (ms)", yscale="log")
 
 
+def scale(fig: Any, result: dict[str, Any]) -> None:
+    """Throughput of a stage with 1 and 2 consumers, and the ratio with its 95% interval."""
+    ax = fig.subplots()
+    cpu = result["cpu"]
+    ratio = cpu["ratio_2_over_1"]
+    ax.bar(["1 consumer", "2 consumers"], [cpu["consumers_1"]["throughput_rps"], cpu["consumers_2"]["throughput_rps"]])
+    ax.set(title=f"CPU stage: 2/1 = {ratio['point']:.2f} (95% interval {ratio['low']:.2f}-{ratio['high']:.2f})",
+           xlabel="consumers of the stage", ylabel="throughput (req/s)")
+
+
 def numbers(fig: Any, result: dict[str, Any]) -> None:
     """Any other result: its top-level numbers as bars."""
     ax = fig.subplots()
@@ -177,7 +187,7 @@ def numbers(fig: Any, result: dict[str, Any]) -> None:
 
 DRAWERS: dict[str, Drawer] = {"batching": batching, "gateway": gateway, "latency": latency,
                               "passthrough": passthrough, "capture": capture, "tuner": tuner, "simulate": tuner,
-                              "parity": parity}
+                              "parity": parity, "scale": scale}
 
 
 def plot_plan(family: Any, stages: dict[str, Any], slo_s: float, path: str | Path, title: str = "") -> Any:

@@ -120,8 +120,14 @@ def cmd_topics(args: argparse.Namespace) -> int:
             raise FlowserveError("--create needs --broker host:port")
         if args.partitions:
             topology = topology.with_partitions(args.partitions)
-        created = asyncio.run(create_topology_topics(topology, _kafka(args.broker)))
-        console.print(f"created {len(created)} topic(s) with {partitions} partitions")
+        kafka = _kafka(args.broker)
+        if args.replication_factor or args.min_insync_replicas:
+            kafka = kafka.model_copy(update={"replication_factor": args.replication_factor or kafka.replication_factor,
+                                             "min_insync_replicas": args.min_insync_replicas
+                                             or kafka.min_insync_replicas})
+        created = asyncio.run(create_topology_topics(topology, kafka))
+        copies = kafka.replication_factor or "min(3, brokers)"
+        console.print(f"created {len(created)} topic(s) with {partitions} partitions, {copies} copies each")
     for topic in topology.topics():
         print(topic)
     return 0
@@ -275,6 +281,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
             # it answers a fetch only when the fetch's wait ends: clients elsewhere must keep the wait short
             print(f"clients of this broker: export FLOWSERVE_FETCH_MAX_WAIT_MS={broker.fetch_max_wait_ms}",
                   file=sys.stderr, flush=True)
+        if broker.supports_transactions:
+            print("clients of this broker: export FLOWSERVE_IDEMPOTENCE=1 (idempotent producers)",
+                  file=sys.stderr, flush=True)
 
     try:
         _wait_for_stop(announce)
@@ -356,6 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topology")
     p.add_argument("--create", action="store_true")
     p.add_argument("--partitions", type=int)
+    p.add_argument("--replication-factor", type=int,
+                   help="copies of each partition (default: min(3, brokers); FLOWSERVE_REPLICATION_FACTOR)")
+    p.add_argument("--min-insync-replicas", type=int,
+                   help="copies a write needs with acks=all (default: 2 where 3 copies, else 1)")
     p.add_argument("--broker")
     p.set_defaults(func=cmd_topics)
 
@@ -369,8 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int)
     p.set_defaults(func=cmd_broker)
 
+    from flowserve.cli.deploy import add_arguments as deploy_arguments
     from flowserve.cli.gateway import add_arguments as gateway_arguments
     from flowserve.cli.gateway import cmd_gateway
+
+    p = sub.add_parser("deploy", help="render a topology's deployment: Dockerfiles, Kubernetes objects or Compose")
+    deploy_arguments(p)
 
     p = sub.add_parser("gateway", help="serve topologies over HTTP (Open Inference Protocol V2), request-reply")
     gateway_arguments(p)
@@ -419,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks: flowserve and its baseline in one run, with the ratio")
     p.add_argument("workload", choices=["passthrough", "latency", "gateway", "capture", "batching", "tuner",
-                                        "simulate", "parity"])
+                                        "simulate", "parity", "scale"])
     broker_opts(p)
     p.add_argument("--records", type=int, default=200_000, help="passthrough: records per contender")
     p.add_argument("--rate", type=float, default=50.0, help="latency, capture's detector part: requests per second")
@@ -427,8 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="latency: how long to send; gateway: per level; capture: per configuration")
     p.add_argument("--cell-seconds", type=float, default=3.0, help="batching: seconds of traffic per load cell")
     p.add_argument("--slice-seconds", type=float, default=None,
-                   help="capture, parity: configurations take turns in slices this long (default 2 s, 4 s)")
-    p.add_argument("--rounds", type=int, default=4, help="parity: slices per contender and scenario")
+                   help="capture, parity, scale: configurations take turns in slices this long (default 2 s, 4 s, 2 s)")
+    p.add_argument("--rounds", type=int, default=4, help="parity, scale: slices per contender and scenario")
     p.add_argument("--k", type=int, default=2, help="parity: requests per parity group")
     p.add_argument("--stop-seconds", type=float, default=1.5,
                    help="parity: how long the 'stopped' scenario SIGSTOPs a model worker")

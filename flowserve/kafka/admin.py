@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterable, Mapping
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -13,13 +14,43 @@ from flowserve.errors import BrokerError
 from flowserve.kafka.clients import OVERHEAD
 from flowserve.kafka.settings import KafkaSettings
 
+log = logging.getLogger("flowserve.kafka.admin")
+
+
+def replication(brokers: int, replication_factor: int | None = None,
+                min_insync_replicas: int | None = None) -> tuple[int, int]:
+    """The replication factor and ``min.insync.replicas`` for new topics on a cluster of ``brokers``.
+
+    Defaults: ``min(3, brokers)`` copies, and 2 in-sync copies where there are 3 or more (so that
+    ``acks=all`` survives one broker's loss); 1 otherwise. Asking for more than the cluster has raises
+    :class:`BrokerError` before anything is created.
+
+    >>> replication(3), replication(1), replication(5, 2)
+    ((3, 2), (1, 1), (2, 1))
+    """
+    rf = min(3, brokers) if replication_factor is None else replication_factor
+    if rf < 1:
+        raise BrokerError(f"replication factor {rf} is not valid: use 1 or more")
+    if rf > brokers:
+        hint = (" (a single-node broker, such as the embedded one, keeps one copy of each partition)"
+                if brokers == 1 else "")
+        raise BrokerError(f"replication factor {rf} asks for more brokers than the cluster has ({brokers}){hint}: "
+                          f"use --replication-factor {brokers} or FLOWSERVE_REPLICATION_FACTOR={brokers}, "
+                          "or add brokers")
+    isr = (2 if rf >= 3 else 1) if min_insync_replicas is None else min_insync_replicas
+    if not 1 <= isr <= rf:
+        raise BrokerError(f"min.insync.replicas {isr} must lie between 1 and the replication factor {rf}")
+    return rf, isr
+
 
 async def ensure_topics(kafka: KafkaSettings, topics: Iterable[str], partitions: int,
                         *, max_message_bytes: int | None = None, timeout_s: float = 30.0,
                         configs: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
     """Create the topics that are missing, all with ``partitions`` partitions. Returns those created.
 
-    ``configs`` adds per-topic settings (e.g. ``retention.ms``) to the topics it names.
+    Their replication factor and ``min.insync.replicas`` come from ``kafka`` (see :func:`replication`;
+    by default three copies, two in sync, on a cluster of three or more brokers). ``configs`` adds
+    per-topic settings (e.g. ``retention.ms``) to the topics it names.
     """
     admin = AIOKafkaAdminClient(**kafka.client_kwargs())
     try:
@@ -30,8 +61,16 @@ async def ensure_topics(kafka: KafkaSettings, topics: Iterable[str], partitions:
         existing = set(await admin.list_topics())
         config = {"max.message.bytes": str(max_message_bytes + OVERHEAD)} if max_message_bytes else {}
         wanted = [t for t in dict.fromkeys(topics) if t not in existing]
+        # checked even when every topic exists: an impossible setting is a mistake to report, not to skip
+        cluster = await admin.describe_cluster()
+        rf, isr = replication(len(cluster["brokers"]), kafka.replication_factor, kafka.min_insync_replicas)
         if wanted:
-            new = [NewTopic(t, num_partitions=partitions, replication_factor=1,
+            if rf > 1:
+                config["min.insync.replicas"] = str(isr)
+            else:
+                log.info("creating %d topic(s) with one copy of each partition: losing the broker loses them",
+                         len(wanted))
+            new = [NewTopic(t, num_partitions=partitions, replication_factor=rf,
                             topic_configs={**config, **(configs or {}).get(t, {})})
                    for t in wanted]
             with contextlib.suppress(TopicAlreadyExistsError):

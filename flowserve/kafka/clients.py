@@ -34,8 +34,11 @@ def make_consumer(kafka: KafkaSettings, worker: WorkerSettings, *, group_id: str
 
 def make_producer(kafka: KafkaSettings, worker: WorkerSettings, *, max_message_bytes: int,
                   **extra: object) -> AIOKafkaProducer:
+    # Idempotence needs acks=all; with it a send retried after a leader change is not written twice.
+    idempotent = kafka.idempotence and worker.acks == "all"
     return AIOKafkaProducer(
         acks=worker.acks,
+        enable_idempotence=idempotent,
         linger_ms=0,
         max_batch_size=max(worker.producer_batch_bytes, max_message_bytes + OVERHEAD),
         max_request_size=max_message_bytes + OVERHEAD,

@@ -30,6 +30,16 @@ class KafkaSettings(BaseModel):
         "as soon as records arrive, so a long wait costs no latency, where a short one makes every idle consumer "
         "poll (at 5 ms, ~10% of a core each, in the consumer and again in the broker). The embedded broker "
         "answers only when the wait ends: its clients use EmbeddedBroker.fetch_max_wait_ms (5)")
+    replication_factor: int | None = Field(
+        None, ge=1, description="copies of each partition of the topics flowserve creates (None: min(3, brokers); "
+        "more than the cluster has is refused)")
+    min_insync_replicas: int | None = Field(
+        None, ge=1, description="min.insync.replicas of those topics (None: 2 where 3 or more copies, else 1): "
+        "with acks=all, a write needs this many copies")
+    idempotence: bool = Field(
+        False, description="idempotent producers (no duplicates when a send is retried after a broker fault). "
+        "Apache Kafka supports it (ApacheKafka.settings() turns it on; deployments set FLOWSERVE_IDEMPOTENCE=1); "
+        "the embedded broker refuses InitProducerId, so it is off unless asked for")
 
     @classmethod
     def from_env(cls, bootstrap: str | None = None, **defaults: Any) -> KafkaSettings:

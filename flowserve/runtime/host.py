@@ -28,6 +28,17 @@ from flowserve.topology.graph import Topology
 log = logging.getLogger("flowserve.host")
 
 
+def warn_idle_replicas(topology: Topology, node_id: str, consumers: int) -> bool:
+    """Log a warning (and return True) when ``consumers`` of a node exceed its partitions: the extra ones idle."""
+    partitions = topology.spec.partitions
+    if consumers <= partitions:
+        return False
+    log.warning("node %s: %d consumers for %d partitions: %d of them will idle (consumers of a node share its "
+                "partitions; raise the topology's partitions to scale further)",
+                node_id, consumers, partitions, consumers - partitions)
+    return True
+
+
 async def create_topology_topics(topology: Topology, kafka: KafkaSettings) -> list[str]:
     created = await ensure_topics(kafka, topology.topics(), topology.spec.partitions,
                                   max_message_bytes=topology.spec.max_message_bytes,
@@ -52,6 +63,7 @@ class InlineHost:
     async def start(self) -> None:
         await create_topology_topics(self.topology, self.kafka)
         for node_id, node in self.topology.nodes.items():
+            warn_idle_replicas(self.topology, node_id, node.replicas)
             for _ in range(node.replicas):
                 self.workers.append(StageWorker(self.topology, node_id, self.kafka, self.settings,
                                                 policy=self.policies.get(node_id), hooks=self.hooks))
@@ -102,6 +114,7 @@ class ProcessHost:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env["FLOWSERVE_FETCH_MAX_WAIT_MS"] = str(self.kafka.fetch_max_wait_ms)
+        env["FLOWSERVE_IDEMPOTENCE"] = "1" if self.kafka.idempotence else "0"
         return env
 
     def spawn(self, node_id: str) -> subprocess.Popen[bytes]:
@@ -113,6 +126,7 @@ class ProcessHost:
         proc = subprocess.Popen(self.command(node_id), stdout=out, stderr=subprocess.STDOUT,  # type: ignore[arg-type]
                                 env=self.environment())
         self.procs.setdefault(node_id, []).append(proc)
+        warn_idle_replicas(self.topology, node_id, sum(p.poll() is None for p in self.procs[node_id]))
         return proc
 
     def start_processes(self) -> None:

@@ -70,6 +70,12 @@ class _Rebalance(ConsumerRebalanceListener):
         if self.worker.paused:  # an operator's pause holds across rebalances
             self.worker.consumer.pause(*assigned)
         log.info("node %s assigned %s", self.worker.node.id, sorted((tp.topic, tp.partition) for tp in assigned))
+        if not assigned:
+            # Consumers of one node share its partitions: past one consumer per partition the rest idle,
+            # whoever started them (replicas:, by hand, the tuner).
+            log.warning("node %s: this consumer got no partitions: its group has more consumers than the %d "
+                        "partitions of its inputs, so it idles until one leaves (raise the topology's "
+                        "partitions to scale further)", self.worker.node.id, self.worker.topology.spec.partitions)
 
 
 class StageWorker(Emitter):

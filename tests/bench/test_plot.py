@@ -36,6 +36,9 @@ RESULTS = {
         s: {c: {"p50_ms": 30.0 + i, "p99_ms": 100.0, "p99_9_ms": 150.0 * (i + 1), "gap_ms": 120.0 * (i + 1)}
             for i, c in enumerate(("none", "replicas", "parity"))} | {"p50_ratio_parity_over_none": 1.0}
         for s in ("clean", "stalls", "stopped")}},
+    "scale": {"workload": "scale", "cpu": {"consumers_1": {"throughput_rps": 100.0},
+                                           "consumers_2": {"throughput_rps": 180.0},
+                                           "ratio_2_over_1": {"point": 1.8, "low": 1.7, "high": 1.9}}},
     "other": {"workload": "other", "a": 1.0, "b": 2},
 }
 

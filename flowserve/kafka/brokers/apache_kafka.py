@@ -6,6 +6,7 @@ import base64
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -273,6 +274,13 @@ class ApacheKafka(_Managed):
     def kill_node(self, i: int) -> None:
         """SIGKILL node ``i``, as a crash would; the others keep serving (three-node cluster)."""
         self._nodes[i].kill(grace_s=0)
+
+    def pause_node(self, i: int) -> None:
+        """Freeze node ``i`` (SIGSTOP), as a long GC pause or a stalled VM would; :meth:`resume_node` undoes it."""
+        self._nodes[i].signal(signal.SIGSTOP)
+
+    def resume_node(self, i: int) -> None:
+        self._nodes[i].signal(signal.SIGCONT)
 
     def restart_node(self, i: int) -> None:
         """Start node ``i`` again on its data and ports; returns once it serves and is in the cluster."""

@@ -56,7 +56,8 @@ class Broker(Protocol):
         ...
 
     def settings(self) -> KafkaSettings:
-        """How flowserve's clients reach this broker: its address and fetch wait (``FLOWSERVE_*`` over both)."""
+        """How flowserve's clients reach this broker: its address, fetch wait and whether producers may be
+        idempotent (``FLOWSERVE_*`` over all)."""
         ...
 
     def stop(self) -> None:
@@ -249,9 +250,12 @@ class _Managed:
 
     bootstrap: str
     fetch_max_wait_ms: int
+    supports_transactions: bool
 
     def settings(self) -> KafkaSettings:
-        return KafkaSettings.from_env(self.bootstrap, fetch_max_wait_ms=self.fetch_max_wait_ms)
+        # Transactions build on idempotent producers: a broker that has them supports idempotence.
+        return KafkaSettings.from_env(self.bootstrap, fetch_max_wait_ms=self.fetch_max_wait_ms,
+                                      idempotence=self.supports_transactions)
 
     def stop(self) -> None:
         for node in self._nodes:
