@@ -66,7 +66,8 @@ def test_the_encoder_hook_queues_one_parity_query_per_group_with_its_members() -
     assert hook.counters() == {"parity_groups": 1, "parity_queries": 1, "parity_abandoned": 0}
 
 
-def test_the_decoder_loop_writes_the_rebuilt_output_to_the_members_partition_marked_and_with_lineage() -> None:
+def test_the_decoder_loop_writes_the_rebuilt_output_to_the_members_partition_marked_with_lineage_and_action(
+) -> None:
     t = load_topology_text(TOPOLOGY)
     loop = DecoderLoop(t, "model", KafkaSettings())
     members = json.dumps([["a", 1, {"fs-deadline": "99"}], ["b", 3, {}]]).encode()
@@ -78,12 +79,15 @@ def test_the_decoder_loop_writes_the_rebuilt_output_to_the_members_partition_mar
     assert out == []
     out = loop.step({TP(parity.topic, parity.partition): [parity]})
     assert [(topic, key, partition) for topic, key, _, partition, _ in out] == [
-        ("fs.hk.model.x", b"b", 3), (t.lineage_topic, b"b", 3)]
+        ("fs.hk.model.x", b"b", 3), (t.lineage_topic, b"b", 3), (t.actions_topic, b"b", 3)]
     _, _, value, _, headers = out[0]
     np.testing.assert_array_equal(decode_tensors(value)["x"], np.full((1, 4), 4, np.float32))
     assert dict(headers)[H_RECONSTRUCTED] == b"a~p2" and dict(headers)[H_ID] == b"b"
     lineage = json.loads(out[1][2])
     assert lineage["request_id"] == "b" and lineage["reconstructed"] == {"group": "a~p2", "members": ["a", "b"]}
+    action = json.loads(out[2][2])  # what flowserve ui lists among recent actions
+    assert (action["source"], action["node"]) == ("parity", "model")
+    assert action["action"] == {"reconstructed": "b", "group": "a~p2", "members": ["a", "b"]}
     # its own echo is not a late real output; the real one that comes later is
     echo = Rec("fs.hk.model.x", 3, b"b", value, list(headers))
     late = Rec("fs.hk.model.x", 3, b"b", encode_tensors({"x": np.full((1, 4), 4, np.float32)}))
