@@ -38,6 +38,23 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
 
 
+def _assert_all_ended(pids: set[int]) -> None:
+    for _ in range(300):  # polling for the exits, bounded; the assertion is on the outcome only
+        if not any(_alive(p) for p in pids):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"processes left behind: {sorted(p for p in pids if _alive(p))}")
+
+
+def _kill_all(proc: subprocess.Popen[str]) -> None:
+    """Whatever a failed test left running."""
+    if proc.poll() is None:
+        proc.kill()
+    for p in _descendants(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 @pytest.mark.parametrize("kind", ["embedded", "kafka"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -52,16 +69,9 @@ def test_flowserve_broker_stops_its_broker(kind: str, sig: signal.Signals) -> No
         assert started, "the broker runs as a child process"
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == 0
-        deadline = time.monotonic() + 30
-        while any(_alive(p) for p in started) and time.monotonic() < deadline:
-            time.sleep(0.1)  # polling for an exit, bounded; the assertion below is on the outcome only
-        assert not [p for p in started if _alive(p)], "processes left behind"
+        _assert_all_ended(started)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        for p in _descendants(proc.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)
+        _kill_all(proc)
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
@@ -78,13 +88,6 @@ def test_flowserve_run_stops_its_workers_and_broker_on_sigterm() -> None:
         assert len(started) >= 2, "a broker and a worker process"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        deadline = time.monotonic() + 30
-        while any(_alive(p) for p in started) and time.monotonic() < deadline:
-            time.sleep(0.1)  # polling for an exit, bounded; the assertion below is on the outcome only
-        assert not [p for p in started if _alive(p)], "processes left behind"
+        _assert_all_ended(started)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        for p in _descendants(proc.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)
+        _kill_all(proc)
