@@ -149,7 +149,8 @@ function drawSide(stats) {
   ul.innerHTML = "";
   for (const a of (stats.actions || []).slice().reverse()) {
     const li = document.createElement("li");
-    li.textContent = `${a.ts_ms ? new Date(a.ts_ms).toLocaleTimeString() : ""} ${a.source || ""}: ${JSON.stringify(a.action)}`;
+    const node = a.node ? ` ${a.node}` : "";  // the tuner's and the parity decoder's actions name their node
+    li.textContent = `${a.ts_ms ? new Date(a.ts_ms).toLocaleTimeString() : ""} ${a.source || ""}${node}: ${JSON.stringify(a.action)}`;
     ul.appendChild(li);
   }
   if (!ul.children.length) ul.innerHTML = "<li>none yet</li>";
