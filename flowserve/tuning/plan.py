@@ -33,6 +33,7 @@ from flowserve.runtime.profiles import load_profiles, profile_path
 from flowserve.topology.graph import Topology, compile_spec
 from flowserve.topology.spec import BatchingSpec
 from flowserve.tuning import curves
+from flowserve.tuning.documents import read_document
 from flowserve.tuning.simulate import SimResult, SimStage, batch_time, simulate
 
 PLAN_FORMAT = "flowserve-plan/1"
@@ -86,14 +87,7 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
 
 
 def load_plan(path: str | Path) -> Plan:
-    source = Path(path)
-    try:
-        doc = json.loads(source.read_text())
-    except (OSError, ValueError) as exc:
-        raise FlowserveError(f"cannot read plan {source}: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
-        raise FlowserveError(f"{source} is not a flowserve plan (expected \"format\": \"{PLAN_FORMAT}\"); "
-                             "write one with 'flowserve plan'")
+    doc = read_document(path, PLAN_FORMAT, "plan", "; write one with 'flowserve plan'")
     stages = {k: StageConfig(str(v["hardware"]), int(v["max_batch"]), int(v["consumers"]))
               for k, v in doc["stages"].items()}
     return Plan(doc["topology"], float(doc["slo_ms"]), int(doc["partitions"]), float(doc["hop_ms"]), stages,

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from flowserve.errors import FlowserveError
+from flowserve.tuning.documents import read_document
 
 TRACE_FORMAT = "flowserve-trace/1"
 KINDS = ("poisson", "gamma", "step", "diurnal", "mmpp")
@@ -135,12 +136,7 @@ def save_trace(trace: Trace, path: str | Path) -> Path:
 
 def load_trace(path: str | Path) -> Trace:
     source = Path(path)
-    try:
-        doc = json.loads(source.read_text())
-    except (OSError, ValueError) as exc:
-        raise FlowserveError(f"cannot read trace {source}: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("format") != TRACE_FORMAT:
-        raise FlowserveError(f"{source} is not a flowserve trace (expected \"format\": \"{TRACE_FORMAT}\")")
+    doc = read_document(source, TRACE_FORMAT, "trace")
     arrivals = np.sort(np.asarray(doc.get("arrivals_s", []), dtype=float))
     if arrivals.size and (not np.isfinite(arrivals).all() or arrivals[0] < 0):
         raise FlowserveError(f"{source}: arrival times must be finite and >= 0")
