@@ -165,6 +165,34 @@ class Sleep(_PassThrough):
         return dict(batch)
 
 
+class StallParams(IdentityParams):
+    """Which requests a :class:`Stall` never answers."""
+
+    share: float = Field(0.0, ge=0, le=1, description="share of requests that stall (picked by request id hash)")
+    port: str | None = Field(None, description="also stall the requests holding 'value' on this port")
+    value: float = Field(-1.0, description="with 'port': a row holding this value stalls its request")
+
+
+class Stall(_PassThrough):
+    """Pass inputs through, except that some requests never get an answer: a member stalled past any
+    deadline (an ensemble's straggler). Which ones: a seeded ``share`` by request id, and with ``port``
+    those whose row holds ``value``. Their rows are masked out, so nothing is written for them.
+    """
+
+    Params: ClassVar[type[BaseModel]] = StallParams
+
+    params: StallParams
+
+    def process(self, batch: Batch) -> Result:
+        stalled = np.array([_unit(rid) < self.params.share for rid in batch.request_ids], dtype=bool)
+        port = self.params.port
+        if port is not None and port in batch and batch.rows:
+            hits = (batch[port].reshape(batch.rows, -1) == self.params.value).any(axis=1)
+            stalled |= np.maximum.reduceat(hits, batch.starts()).astype(bool)  # the whole request stalls
+        rows = np.repeat(stalled, batch.sizes)
+        return Result(outputs=dict(batch), mask={name: ~rows for name in self.outputs})
+
+
 def sample(n: int, seed: int = 0) -> tuple[list[dict[str, np.ndarray]], list[None]]:
     """``n`` requests holding one ``[1, 3]`` tensor of every V2 datatype, on ports named ``t_<datatype>``.
 

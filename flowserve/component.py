@@ -84,6 +84,15 @@ class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+@dataclass(frozen=True, slots=True)
+class Retrained:
+    """What :meth:`Component.retrain` produced: the new weights (a self-contained blob the component's
+    :meth:`~Component.load_weights` reads back) and what training measured (JSON-able numbers)."""
+
+    weights: bytes
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class Result:
     """What ``process`` returns when not every item goes to every port.
@@ -98,21 +107,53 @@ class Result:
     errors: dict[int, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """Feedback joined to what a learning component did for that request (see ``Component.learns``).
+
+    ``decision``: the component's own decision record, as :meth:`Component.drain_decisions` gave it;
+    ``answer``: the outputs of the port the decision names as its answer (``{}`` when it names none or
+    they were not found in the join window); ``truth``: the feedback's true outputs; ``context``: the
+    feedback's context, else the decision's.
+    """
+
+    request_id: str
+    context: str | None
+    decision: Mapping[str, Any]
+    answer: Mapping[str, np.ndarray]
+    truth: Mapping[str, np.ndarray]
+
+
 class Batch(Mapping[str, np.ndarray]):
     """The tensors of several requests, concatenated along axis 0, with each request's row count.
 
     ``request_ids`` and ``headers`` have one entry per request (``headers``: its Kafka headers, names
     lower-case as written by flowserve and callers' ``X-`` headers; empty where the host has none).
+    ``masks`` flags, per input port, the rows whose input is present; a port without one is present on
+    every row. Only a node behind a ``deadline`` join gets absent rows (zero-filled), and only when its
+    component declares ``accepts_absent``.
     """
 
-    __slots__ = ("_tensors", "headers", "request_ids", "sizes")
+    __slots__ = ("_masks", "_tensors", "headers", "request_ids", "sizes")
 
     def __init__(self, tensors: dict[str, np.ndarray], sizes: list[int], request_ids: list[str],
-                 headers: Sequence[Mapping[str, bytes]] = ()) -> None:
+                 headers: Sequence[Mapping[str, bytes]] = (), masks: Mapping[str, np.ndarray] | None = None
+                 ) -> None:
         self._tensors = tensors
         self.sizes = sizes
         self.request_ids = request_ids
         self.headers = headers
+        self._masks = masks or {}
+
+    def present(self, port: str) -> np.ndarray:
+        """Per row, whether input ``port`` arrived (False: the row holds zeros in its place).
+
+        >>> b = Batch({"a": np.zeros((2, 1))}, [1, 1], ["r0", "r1"], masks={"a": np.array([True, False])})
+        >>> b.present("a").tolist(), b.present("b").tolist()
+        ([True, False], [True, True])
+        """
+        mask = self._masks.get(port)
+        return mask if mask is not None else np.ones(self.rows, dtype=bool)
 
     def __getitem__(self, key: str) -> np.ndarray:
         return self._tensors[key]
@@ -156,8 +197,17 @@ class Component:
     #: Side reports: a component that files them (a drift detector's window results) names their topic
     #: ``<prefix>.<topology>.<side_output>`` here and returns them from :meth:`drain_reports`.
     side_output: ClassVar[str | None] = None
+    #: ``process`` copes with absent inputs (zero-filled rows, flagged by ``Batch.present``): what a node
+    #: behind a ``deadline`` join (an ensemble's combiner) must declare.
+    accepts_absent: ClassVar[bool] = False
     #: sha256 of the loaded weights, once ``setup`` has loaded them (recorded in lineage).
     weights_hash: str | None = None
+    #: Continual learning (``flowserve learn``, :mod:`flowserve.learning`): the component fine-tunes itself
+    #: on feedback (:meth:`retrain`), loads registered versions of its weights (:meth:`load_weights`) and
+    #: scores its outputs against the truth (:meth:`score`). Components that set it override the three.
+    retrainable: ClassVar[bool] = False
+    #: the registered version of the loaded weights (None: the weights its params name); recorded in lineage.
+    model_version: str | None = None
 
     def __init__(self, params: BaseModel | None = None, *, node: str = "") -> None:
         self.params = params if params is not None else self.Params()
@@ -220,6 +270,74 @@ class Component:
         that can, override this; the default says it cannot."""
         raise ComponentError(f"{type(self).__name__} cannot train a parity model; give 'parity: {{params: ...}}' "
                              "pointing at one trained elsewhere")
+
+    #: Learns from feedback (a bandit selector). Then the selection feature (``flowserve.selection``) writes
+    #: what :meth:`drain_decisions` gives to ``<base>.<node>.decisions``, joins the topology's feedback to
+    #: those decisions (and to the outputs each decision names as its answer) by request id, hands the
+    #: joined records to :meth:`learn`, and keeps :meth:`learned_state` in ``<base>.<node>.state``.
+    learns: ClassVar[bool] = False
+
+    def drain_decisions(self) -> list[dict[str, Any]]:
+        """Decisions taken since the last call, one JSON-able dict per request: ``id`` (the request id),
+        ``context`` (str or None), ``answer`` (the ``node.port`` whose output is the request's answer, or
+        None) and whatever the component needs to learn from it later."""
+        return []
+
+    def answer_refs(self) -> list[str]:
+        """Every ``node.port`` a decision may name as its answer (the join reads their topics)."""
+        return []
+
+    def learn(self, joined: Sequence[Joined]) -> set[str]:
+        """Learn from feedback joined to this component's decisions; returns the contexts whose state changed."""
+        return set()
+
+    def learned_state(self, context: str) -> dict[str, Any]:
+        """What was learned for ``context`` (JSON-able), to be restored by :meth:`restore_learned`."""
+        return {}
+
+    def restore_learned(self, context: str, state: Mapping[str, Any]) -> None:
+        """Take back state that :meth:`learned_state` gave (a restarted or added worker resumes it)."""
+
+    def retrain(self, inputs: Mapping[str, np.ndarray], targets: Mapping[str, np.ndarray]) -> Retrained:
+        """New weights fine-tuned from the loaded ones (``setup`` ran; maybe a version was loaded) on
+        ``inputs`` (arrays by input port, one row per example) and ``targets`` (the true outputs from
+        feedback, by the topology's output names, same rows). Only for ``retrainable`` components."""
+        raise ComponentError(f"{type(self).__name__} cannot retrain itself (it does not declare 'retrainable')")
+
+    def load_weights(self, data: bytes, version: str | None = None) -> None:
+        """Swap in weights that :meth:`retrain` produced (a registered ``version``), between batches; sets
+        ``weights_hash`` and ``model_version``. Must refuse anything but plain weights (no pickle)."""
+        raise ComponentError(f"{type(self).__name__} cannot load registered weights (it is not 'retrainable')")
+
+    def score(self, outputs: Mapping[str, np.ndarray], targets: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Per row, whether this component's ``outputs`` got ``targets`` (feedback) right: a bool array.
+
+        The default compares outputs and targets of the same name, row by row; a classifier emitting
+        logits for a ``label`` target overrides it.
+        """
+        common = [n for n in outputs if n in targets]
+        if not common:
+            raise ComponentError(f"{type(self).__name__}.score: no output named like a feedback target "
+                                 f"(outputs {', '.join(outputs)}; targets {', '.join(targets)})")
+        rows = len(next(iter(outputs.values())))
+        right = np.ones(rows, dtype=bool)
+        for name in common:
+            a, b = np.asarray(outputs[name]).reshape(rows, -1), np.asarray(targets[name]).reshape(rows, -1)
+            right &= (a == b).all(axis=1)
+        return right
+
+    #: State that spans batches (a detector's open window): the worker then asks :meth:`oldest_held` after
+    #: each batch and commits no input offset past that request, so a restarted worker re-reads what the
+    #: state still needed and rebuilds it (the input topic is the changelog, as for joins).
+    keeps_state: ClassVar[bool] = False
+
+    def oldest_held(self) -> str | None:
+        """The request id of the oldest request whose rows the state still needs (None: it needs none).
+
+        Asked only when ``keeps_state`` is True. Rows whose side reports are written (see
+        :meth:`drain_reports`) are no longer needed once those reports have been drained.
+        """
+        return None
 
     def drain_reports(self) -> list[dict[str, Any]]:
         """Side reports finished since the last call (JSON-able dicts; ``key`` picks their partition).

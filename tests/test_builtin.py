@@ -116,3 +116,16 @@ def test_sample_fills_every_echo_port() -> None:
     assert builtin.sample(0) == ([], [])
     with pytest.raises(ValueError, match="n must be >= 0"):
         builtin.sample(-1)
+
+
+def test_stall_never_answers_its_share_or_the_marked_requests(configure, make_batch) -> None:
+    ports = {"x": {"datatype": "FP32", "shape": [-1, 2]}}
+    none = configure(builtin.Stall, {"ports": ports}, node="s")
+    x = np.zeros((3, 2), np.float32)
+    x[2, 1] = -1.0
+    assert none.process(make_batch([1, 2], x=x)).mask["x"].tolist() == [True, True, True]
+    marked = configure(builtin.Stall, {"ports": ports, "port": "x", "value": -1}, node="s")
+    result = marked.process(make_batch([1, 2], x=x))  # request r1 holds -1 on one of its rows: all of it
+    assert isinstance(result, Result) and result.mask["x"].tolist() == [True, False, False]
+    everyone = configure(builtin.Stall, {"ports": ports, "share": 1.0}, node="s")
+    assert not everyone.process(make_batch([1, 2], x=x)).mask["x"].any()

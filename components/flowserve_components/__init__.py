@@ -6,7 +6,7 @@ referenced as ``module:Class``.
 - ``flowserve_components.postprocess:ArgMax``: logits (or probs) -> ``label`` and ``probs``
 - ``flowserve_components.postprocess:TopK``: logits -> the ``k`` best ``indices`` and their ``scores``
 - ``flowserve_components.ensemble:Softmax``: logits -> ``probs``
-- ``flowserve_components.ensemble:Average``: the mean of two models' ``probs``
+- ``flowserve_components.ensemble:Average``: the mean of the members' ``probs`` present, and ``missing``
 - ``flowserve_components.routing:ConfidenceRouter``: confident ``probs`` onwards, unsure requests' ``x`` to a
   stronger model
 

@@ -50,6 +50,7 @@ from flowserve.component import Batch, Component, Port, torch_threads
 from flowserve.errors import ComponentError
 
 log = logging.getLogger("flowserve.drift")
+_WINDOW = "_window_token"
 
 
 class DriftParams(BaseModel):
@@ -96,6 +97,9 @@ class _State:
     windows: int = 0
     drifts: int = 0
     skipped: int = 0  # rows not tested (backlog bounds), reported with the next window
+    #: (sequence number, request id) of the first request with rows in the open window (or in a reference
+    #: still being collected): the worker commits no input past it (see ``oldest_held``)
+    held: tuple[int, str] | None = None
 
 
 class _Detector(Component):
@@ -103,6 +107,7 @@ class _Detector(Component):
 
     Params: ClassVar[type[BaseModel]] = DriftParams
     max_batch: ClassVar[int] = 4096
+    keeps_state: ClassVar[bool] = True
     offload: ClassVar[bool] = False  # process() only files rows; the tests run on the detector's own thread
     side_output: ClassVar[str] = "drift"
     methods: ClassVar[tuple[str, ...]] = ("ks", "mmd", "chi2")
@@ -124,6 +129,13 @@ class _Detector(Component):
         self._idle = threading.Condition()
         self._cd: Any = None
         self._file_reference: np.ndarray | None = None
+        # Restart safety: every request processed gets a sequence number; closed windows awaiting their
+        # report hold their first request until the report is drained (written before the commit).
+        self._seq = 0
+        self._batch_rids: list[str] = []
+        self._batch_base = 0
+        self._windows_closed = 0
+        self._awaiting: dict[int, tuple[int, str]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -168,19 +180,27 @@ class _Detector(Component):
     def process(self, batch: Batch) -> dict[str, np.ndarray]:
         data = self.rows(batch)
         now = int(time.time() * 1000)
+        self._batch_rids, self._batch_base = batch.request_ids, self._seq
+        seqs = np.repeat(np.arange(self._seq, self._seq + len(batch.sizes)), batch.sizes)
+        self._seq += len(batch.sizes)
         if self.context_header is None:
-            self._add(None, data, now)
+            self._add(None, data, seqs, now)
         else:
             starts = batch.starts()
-            by_ctx: dict[str | None, list[np.ndarray]] = {}
+            by_ctx: dict[str | None, list[int]] = {}
             for i, raw in enumerate(batch.header(self.context_header)):
                 ctx = raw.decode("utf-8", "replace") if raw is not None else None
-                by_ctx.setdefault(ctx, []).append(data[starts[i]: starts[i] + batch.sizes[i]])
-            for ctx, parts in by_ctx.items():
-                self._add(ctx, np.concatenate(parts), now)
+                by_ctx.setdefault(ctx, []).append(i)
+            for ctx, requests in by_ctx.items():
+                picked = np.concatenate([np.arange(starts[i], starts[i] + batch.sizes[i]) for i in requests])
+                self._add(ctx, data[picked], seqs[picked], now)
         return {}
 
-    def _add(self, ctx: str | None, rows: np.ndarray, now: int) -> None:
+    def _first(self, seqs: np.ndarray) -> tuple[int, str]:
+        seq = int(seqs[0])
+        return seq, self._batch_rids[seq - self._batch_base]
+
+    def _add(self, ctx: str | None, rows: np.ndarray, seqs: np.ndarray, now: int) -> None:
         s = self._states.get(ctx)
         if s is None:
             s = self._states[ctx] = _State(window_start_ms=now)
@@ -189,13 +209,15 @@ class _Detector(Component):
                 s.detector = self._build(self._file_reference)
             else:  # collect the reference from the first rows seen
                 need = self.params.reference_size - s.reference_rows
+                if s.held is None and len(rows):
+                    s.held = self._first(seqs)
                 s.reference.append(rows[:need])
                 s.reference_rows += len(rows[:need])
-                rows = rows[need:]
+                rows, seqs = rows[need:], seqs[need:]
                 if s.reference_rows < self.params.reference_size:
                     return
                 s.detector = self._build(np.concatenate(s.reference))
-                s.reference = []
+                s.reference, s.held = [], None
                 s.window_start_ms = now
         window, bound = self.params.window, self.params.catch_up_windows
         if self.params.window_s is None and bound and len(rows) > (bound + 1) * window:
@@ -203,21 +225,29 @@ class _Detector(Component):
             fill = (window - s.window_rows) % window
             keep = fill + bound * window
             s.skipped += len(rows) - keep
-            rows = np.concatenate([rows[:fill], rows[len(rows) - bound * window:]]) if fill else rows[-keep:]
+            if fill:
+                rows = np.concatenate([rows[:fill], rows[len(rows) - bound * window:]])
+                seqs = np.concatenate([seqs[:fill], seqs[len(seqs) - bound * window:]])
+            else:
+                rows, seqs = rows[-keep:], seqs[-keep:]
         while len(rows):
             if self.params.window_s is None:
                 take = self.params.window - s.window_rows
+                if s.held is None:
+                    s.held = self._first(seqs)
                 s.window.append(rows[:take])
                 s.window_rows += len(rows[:take])
-                rows = rows[take:]
+                rows, seqs = rows[take:], seqs[take:]
                 if s.window_rows >= self.params.window:
                     self._close(ctx, s, now)
             else:
                 if s.window_rows >= 2 and now - s.window_start_ms >= self.params.window_s * 1000:
                     self._close(ctx, s, now)  # the arrival after the window's end closes it
+                if s.held is None:
+                    s.held = self._first(seqs)
                 s.window.append(rows)
                 s.window_rows += len(rows)
-                rows = rows[:0]
+                rows, seqs = rows[:0], seqs[:0]
 
     def _build(self, reference: np.ndarray) -> Any:
         if self._cd is None:
@@ -239,15 +269,29 @@ class _Detector(Component):
     def _close(self, ctx: str | None, s: _State, now: int) -> None:
         window, start_ms, skipped = np.concatenate(s.window), s.window_start_ms, s.skipped
         s.window, s.window_rows, s.window_start_ms, s.skipped = [], 0, now, 0
+        held, s.held = s.held, None
+        token = self._windows_closed = self._windows_closed + 1
         if self._pool is None:
-            self._test(ctx, s, window, start_ms, now, skipped)
+            if held is not None:
+                self._awaiting[token] = held
+            self._test(ctx, s, window, start_ms, now, skipped, token)
             return
         with self._idle:
             if self._pending >= self.params.max_pending:  # the test thread is behind: skip this window
                 s.skipped += skipped + len(window)
                 return
             self._pending += 1
-        self._pool.submit(self._tested, ctx, s, window, start_ms, now, skipped)
+            if held is not None:
+                self._awaiting[token] = held
+        self._pool.submit(self._tested, ctx, s, window, start_ms, now, skipped, token)
+
+    def oldest_held(self) -> str | None:
+        """The first request of the oldest open window (or reference being collected) or of the oldest
+        closed window whose report has not been drained yet: a restarted worker re-reads from there and
+        the next report covers the whole window, as if the worker had not stopped."""
+        with self._idle:
+            held = [s.held for s in self._states.values() if s.held is not None] + list(self._awaiting.values())
+        return min(held)[1] if held else None
 
     def _tested(self, *args: Any) -> None:
         # The worker process already runs at idle priority, but a CPU busy with a test still slows the
@@ -261,6 +305,8 @@ class _Detector(Component):
             self._test(*args)
         except Exception:  # noqa: BLE001 - a failed test must not stop the detector
             log.exception("drift %s: window test failed", self.node)
+            with self._idle:  # no report will come: its rows need not be read again
+                self._awaiting.pop(args[-1], None)
         finally:
             spent = time.thread_time() - started
             self._rest_until = time.monotonic() + spent * (1 / self.params.cpu_share - 1)
@@ -268,7 +314,8 @@ class _Detector(Component):
                 self._pending -= 1
                 self._idle.notify_all()
 
-    def _test(self, ctx: str | None, s: _State, window: np.ndarray, start_ms: int, now: int, skipped: int) -> None:
+    def _test(self, ctx: str | None, s: _State, window: np.ndarray, start_ms: int, now: int, skipped: int,
+              token: int = 0) -> None:
         p = self.params
         if p.method == "mmd":
             import torch
@@ -296,13 +343,17 @@ class _Detector(Component):
             "features_drifted": int((pvals < threshold).sum()) if pvals.size > 1 else int(is_drift),
             "window_start_ms": start_ms, "window_end_ms": now, "rows_skipped": skipped,
             "windows_total": s.windows, "drift_windows_total": s.drifts,
+            _WINDOW: token,  # which held window this report releases (taken out by drain_reports)
         })
 
     def drain_reports(self) -> list[dict[str, Any]]:
         """The results of windows closed since the last call (the worker writes them to the drift topic)."""
         out = []
         while self._reports:
-            out.append(self._reports.popleft())
+            report = self._reports.popleft()
+            with self._idle:
+                self._awaiting.pop(report.pop(_WINDOW), None)
+            out.append(report)
         return out
 
     def state(self) -> dict[str | None, dict[str, int]]:

@@ -276,6 +276,61 @@ def load_with_hash(name: str | None, device: str, path: str | Path | None = None
     return model.to(device).eval(), digest
 
 
+def load_state(name: str, data: bytes, device: str = "cpu") -> torch.nn.Module:
+    """Zoo architecture ``name`` with the state dict in ``data`` (a registered version's weights), in eval
+    mode. Read with ``weights_only=True``: a blob holding anything but tensors is refused, not executed."""
+    import torch
+
+    try:
+        state = torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+    except Exception as exc:
+        raise ComponentError(f"cannot load these weights (only plain tensors are accepted): {exc}") from None
+    model = build(name)
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        raise ComponentError(f"these weights do not fit model '{name}': {exc}") from None
+    return model.to(device).eval()
+
+
+def fine_tune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int = 30, lr: float = 2e-3,
+              batch_size: int = 32, seed: int = 0) -> tuple[bytes, dict[str, float]]:
+    """Fine-tune a copy of ``model`` (the live weights stay untouched) on ``x``/``y`` with Adam; return its
+    state dict as ``torch.save`` bytes and what training measured (loss and accuracy on ``x`` before and
+    after). A small learning rate and the live weights as the start keep what the model knew."""
+    import copy
+
+    import torch
+
+    tuned = copy.deepcopy(model).cpu()
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def measure() -> tuple[float, float]:
+        tuned.eval()
+        with torch.inference_mode():
+            logits = tuned(x)
+            return float(loss_fn(logits, y)), float((logits.argmax(dim=1) == y).float().mean())
+
+    loss0, acc0 = measure()
+    with _torch_threads(1):
+        torch.manual_seed(seed)
+        shuffle = torch.Generator().manual_seed(seed)
+        optimiser = torch.optim.Adam(tuned.parameters(), lr=lr)
+        tuned.train()
+        for _ in range(epochs):
+            order = torch.randperm(len(x), generator=shuffle)
+            for start in range(0, len(x), batch_size):
+                idx = order[start : start + batch_size]
+                optimiser.zero_grad()
+                loss_fn(tuned(x[idx]), y[idx]).backward()
+                optimiser.step()
+    loss1, acc1 = measure()
+    buffer = io.BytesIO()
+    torch.save(tuned.state_dict(), buffer)
+    return buffer.getvalue(), {"examples": float(len(x)), "epochs": float(epochs), "loss_before": loss0,
+                               "loss_after": loss1, "fit_accuracy_before": acc0, "fit_accuracy_after": acc1}
+
+
 def load(name: str | None, device: str = "cpu", path: str | Path | None = None) -> torch.nn.Module:
     """Zoo model ``name`` with its cached weights (trained first if missing), in eval mode on ``device``.
 

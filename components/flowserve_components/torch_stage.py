@@ -12,13 +12,14 @@ torch is imported in ``setup``, not at module import, so loading a topology stay
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from flowserve.component import Batch, Component, Port, pick_device, torch_threads
+from flowserve.component import Batch, Component, Port, Retrained, pick_device, torch_threads
 from flowserve.errors import ComponentError
 from flowserve_components import models
 
@@ -59,6 +60,8 @@ class TorchClassifier(Component):
     max_batch: ClassVar[int] = 256
     #: torch releases the GIL while it computes, so the worker can fetch the next batch meanwhile.
     offload: ClassVar[bool] = True
+    #: fine-tunes from the live weights on feedback (flowserve learn); zoo state-dict models only.
+    retrainable: ClassVar[bool] = True
 
     params: TorchClassifierParams
 
@@ -105,6 +108,40 @@ class TorchClassifier(Component):
         return {"base": report.base, "k": k, "path": str(report.path), "base_accuracy": report.base_accuracy,
                 "degraded_accuracy": {str(n): a for n, a in report.degraded.items()}}
 
+    def _architecture(self) -> str:
+        if self.params.model is None or self.params.parity_k is not None:
+            raise ComponentError(f"node '{self.node}': continual learning needs a zoo architecture ('model'), "
+                                 "not a TorchScript file or a parity model")
+        return self.params.model
+
+    def retrain(self, inputs: Mapping[str, np.ndarray], targets: Mapping[str, np.ndarray]) -> Retrained:
+        """Fine-tune the loaded weights on the examples (``x``) and their true labels (the feedback's
+        ``label``, or its only output)."""
+        import torch
+
+        self._architecture()
+        if self._model is None:
+            raise ComponentError(f"node '{self.node}': retrain called before setup()")
+        labels = _labels(targets, self.node)
+        x = torch.from_numpy(np.ascontiguousarray(inputs["x"], dtype=np.float32))
+        if len(x) != len(labels):
+            raise ComponentError(f"node '{self.node}': {len(x)} inputs but {len(labels)} labels")
+        weights, metrics = models.fine_tune(self._model, x, torch.from_numpy(labels))
+        return Retrained(weights, metrics)
+
+    def load_weights(self, data: bytes, version: str | None = None) -> None:
+        """Swap in a registered version's state dict (``weights_only``); the next batch runs on it."""
+        import hashlib
+
+        model = models.load_state(self._architecture(), data, self.device)
+        self._model = model  # one reference swap: a batch runs wholly on the old or the new weights
+        self.weights_hash = hashlib.sha256(data).hexdigest()
+        self.model_version = version
+
+    def score(self, outputs: Mapping[str, np.ndarray], targets: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Whether the arg-max of ``logits`` is the true label, per row."""
+        return np.asarray(outputs["logits"]).argmax(axis=1) == _labels(targets, self.node)
+
     def close(self) -> None:
         self._model = None
         self._pinned = None
@@ -146,3 +183,15 @@ class TorchClassifier(Component):
         if self.weights_hash:
             parts.append(f"weights=sha256:{self.weights_hash}")
         return f"{super().describe()}({', '.join(parts)})"
+
+
+def _labels(targets: Mapping[str, np.ndarray], node: str) -> np.ndarray:
+    """The true class per row: the feedback's ``label`` output, or its only one."""
+    if "label" in targets:
+        array = targets["label"]
+    elif len(targets) == 1:
+        array = next(iter(targets.values()))
+    else:
+        raise ComponentError(f"node '{node}': feedback has outputs {', '.join(targets)}; a classifier learns "
+                             "from 'label' (the true class per request)")
+    return np.asarray(array).reshape(-1).astype(np.int64)

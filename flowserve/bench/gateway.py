@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from flowserve.bench.common import console
+from flowserve.bench.load import closed_lanes
 from flowserve.client import TopologyClient, new_request_id
 from flowserve.client.http import AsyncHttpClient
 from flowserve.client.traffic import prepare_to_drive, wait_ready
@@ -47,28 +48,11 @@ def _stats(latencies: list[float], seconds: float, errors: int) -> dict[str, flo
 
 
 async def _closed_loop(call: Any, concurrency: int, seconds: float, n_inputs: int) -> dict[str, float]:
-    latencies: list[float] = []
-    errors = 0
-    stop_at = time.perf_counter() + seconds
-
-    async def lane(k: int) -> None:
-        nonlocal errors
-        i = k
-        while time.perf_counter() < stop_at:
-            t0 = time.perf_counter()
-            ok = await call(i % n_inputs)
-            if ok:
-                latencies.append((time.perf_counter() - t0) * 1000)
-            else:
-                errors += 1
-            i += concurrency
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(lane(k) for k in range(concurrency)))
-    return _stats(latencies, time.perf_counter() - t0, errors)
+    done, errors = await closed_lanes(call, n_inputs, concurrency, seconds)
+    return _stats(done.latencies, done.seconds, errors)
 
 
-def _start_gateway(kafka: KafkaSettings, path: Path) -> tuple[subprocess.Popen[str], str]:
+def start_gateway(kafka: KafkaSettings, path: Path) -> tuple[subprocess.Popen[str], str]:
     # The gateway reads its connection from --broker and FLOWSERVE_* variables, as the workers do: the
     # embedded broker answers a fetch only when its wait ends, so the gateway must get that broker's wait.
     env = {**os.environ, "FLOWSERVE_FETCH_MAX_WAIT_MS": str(kafka.fetch_max_wait_ms)}
@@ -82,7 +66,7 @@ def _start_gateway(kafka: KafkaSettings, path: Path) -> tuple[subprocess.Popen[s
     return proc, url
 
 
-async def _wait_http_ready(client: AsyncHttpClient, infer: str, body: bytes, timeout_s: float = 120.0) -> None:
+async def wait_http_ready(client: AsyncHttpClient, infer: str, body: bytes, timeout_s: float = 120.0) -> None:
     deadline = time.perf_counter() + timeout_s
     while time.perf_counter() < deadline:
         ready = await client.get("/v2/health/ready")
@@ -121,12 +105,12 @@ async def _bench_topology(kafka: KafkaSettings, path: Path, seconds: float,
     await create_topology_topics(topology, kafka)
     host = ProcessHost(path, topology, kafka)
     host.start_processes()
-    gateway, url = _start_gateway(kafka, path)
+    gateway, url = start_gateway(kafka, path)
     results: dict[str, dict[str, dict[str, float]]] = {"gateway": {}, "async": {}}
     try:
         async with AsyncHttpClient(url) as http, TopologyClient(topology, kafka) as client:
             console.print(f"{topology.name}: {len(topology.nodes)} worker process(es), gateway at {url}; waiting…")
-            await _wait_http_ready(http, infer, bodies[0])
+            await wait_http_ready(http, infer, bodies[0])
             await wait_ready(client, inputs[0])
 
             async def via_http(i: int) -> bool:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from flowserve.bench import plot_learning
 from flowserve.errors import FlowserveError
 
 Drawer = Callable[[Any, dict[str, Any]], None]
@@ -24,37 +25,75 @@ def _figure(panels: int, width: float = 6.0) -> Any:
     return Figure(figsize=(width * panels, 4.5), layout="constrained")
 
 
-def _cells(values: dict[str, float | None]) -> dict[str, list[tuple[float, float]]]:
-    """``{"poisson@0.8": v}`` -> ``{"poisson": [(0.8, v), ...]}`` sorted by load (cells with no value left out)."""
-    out: dict[str, list[tuple[float, float]]] = {}
-    for key, value in values.items():
-        arrival, _, load = key.partition("@")
-        if value is not None:
-            out.setdefault(arrival, []).append((float(load), float(value)))
-    return {k: sorted(v) for k, v in out.items()}
+def _interval_bars(point: float, interval: list[float] | None) -> tuple[float, float]:
+    """Error-bar offsets below and above ``point`` for ``interval`` (``[low, high]``; none: no bar)."""
+    if not interval:
+        return 0.0, 0.0
+    return point - interval[0], interval[1] - point
 
 
 def batching(fig: Any, result: dict[str, Any]) -> None:
-    """Attainment and p99 against load, one line per policy and arrival process."""
-    attain, p99 = fig.subplots(1, 2)
-    styles = ["-", "--", ":", "-."]
-    for i, (policy, summary) in enumerate(result["policies"].items()):  # a colour per policy, a dash per arrival
-        for (arrival, points), style in zip(_cells(summary["attainment"]).items(), styles * 4, strict=False):
-            loads, values = zip(*points, strict=True)
-            attain.plot(loads, [100 * v for v in values], style, color=f"C{i}", marker="o",
-                        label=f"{policy} ({arrival})")
-        for (arrival, points), style in zip(_cells(summary["p99_ms"]).items(), styles * 4, strict=False):
-            loads, values = zip(*points, strict=True)
-            p99.plot(loads, values, style, color=f"C{i}", marker="o", label=f"{policy} ({arrival})")
+    """Per arrival process: each policy's SLO attainment against load with its 95% interval over slices;
+    then the worst slice's p99 against load (a colour per policy, a dash per arrival)."""
+    cells = result["cells"]
+    arrivals = list(dict.fromkeys(c["arrival"] for c in cells))
+    policies = list(dict.fromkeys(p for c in cells for p in c["policies"]))
+    *attains, p99 = fig.subplots(1, len(arrivals) + 1)
     slo = result.get("slo_ms")
-    attain.set(title=f"requests within the {slo} ms SLO", xlabel="offered load (fraction of capacity)",
-               ylabel="attainment (%)")
-    p99.set(title="p99 latency", xlabel="offered load (fraction of capacity)", ylabel="p99 latency (ms)",
-            yscale="log")
+    for j, (arrival, ax) in enumerate(zip(arrivals, attains, strict=True)):
+        rows = sorted((c for c in cells if c["arrival"] == arrival), key=lambda c: c["load"])
+        for i, policy in enumerate(policies):
+            points = [(100 * c["load"], c["policies"][policy]) for c in rows if policy in c["policies"]]
+            loads = [x for x, _ in points]
+            values = [100 * p["attainment"] for _, p in points]
+            bars = [_interval_bars(p["attainment"], p.get("interval")) for _, p in points]
+            ax.errorbar([x + (i - (len(policies) - 1) / 2) * 0.6 for x in loads], values,  # side by side
+                        yerr=[[100 * b for b, _ in bars], [100 * a for _, a in bars]], color=f"C{i}", marker="o",
+                        capsize=3, label=policy)
+            p99.plot(loads, [p["p99_ms_worst_slice"] if p.get("p99_ms_worst_slice") is not None else float("nan")
+                             for _, p in points], ["-", "--", ":", "-."][j % 4], color=f"C{i}", marker="o",
+                     label=f"{policy} ({arrival})")
+        ax.set(title=f"{arrival} arrivals: requests within the {slo} ms SLO", xlabel="offered load (% of capacity)",
+               ylabel="attainment (%, 95% interval)")
+        ax.legend(fontsize=7)
+    ratio = result.get("adaptive_max_rps_ratio_to_best_static")
+    title = "worst slice's p99 latency"
+    if ratio:
+        title += f"\n(max throughput adaptive / best static {ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}])"
+    p99.set(title=title, xlabel="offered load (% of capacity)", ylabel="p99 latency (ms)", yscale="log")
     if slo:
         p99.axhline(slo, color="red", linestyle="--", linewidth=1, label="SLO")
-    attain.legend(fontsize=7)
-    p99.legend(fontsize=7)
+    p99.legend(fontsize=6, loc="center right")
+
+
+def broker(fig: Any, result: dict[str, Any]) -> None:
+    """Throughput against concurrency per broker; each broker's throughput over Kafka's (the baseline)
+    with its 95% interval."""
+    rps, ratio = fig.subplots(1, 2)
+    for i, (label, b) in enumerate(result["brokers"].items()):
+        levels = sorted(b["levels"], key=int)
+        rps.plot([int(lvl) for lvl in levels], [b["levels"][lvl]["rps"] for lvl in levels], marker="o",
+                 color=f"C{i}", label=f"{label} ({b.get('kind', label)})")
+    levels = sorted({int(lvl) for b in result["brokers"].values() for lvl in b["levels"]})
+    rps.set(title=f"{result.get('topology', '')} through the gateway, closed loop",
+            xlabel="concurrency (requests in flight)", ylabel="throughput (req/s)", xscale="log")
+    rps.legend(fontsize=8)
+    labels = list(result["brokers"])
+    for label, per_level in result["throughput_over_kafka"].items():
+        keys = sorted(per_level, key=int)
+        points = [per_level[lvl][0] for lvl in keys]
+        err = [_interval_bars(per_level[lvl][0], per_level[lvl][1:]) for lvl in keys]
+        i = labels.index(label) if label in labels else len(labels)
+        ratio.errorbar([int(lvl) for lvl in keys], points, yerr=[[b for b, _ in err], [a for _, a in err]],
+                       marker="o", capsize=4, color=f"C{i}", label=f"{label} / kafka")
+    ratio.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ratio.axhline(0.8, color="red", linestyle=":", linewidth=1, label="target 0.8x")
+    ratio.set(title="throughput over Kafka's, 95% intervals", xlabel="concurrency (requests in flight)",
+              ylabel="ratio", xscale="log")
+    for ax in (rps, ratio):
+        ax.set_xticks(levels, [str(lvl) for lvl in levels])
+        ax.minorticks_off()
+    ratio.legend(fontsize=8)
 
 
 def gateway(fig: Any, result: dict[str, Any]) -> None:
@@ -177,6 +216,26 @@ def scale(fig: Any, result: dict[str, Any]) -> None:
            xlabel="consumers of the stage", ylabel="throughput (req/s)")
 
 
+def chaos(fig: Any, result: dict[str, Any]) -> None:
+    """The accounting per caller (sent, answered, failed, lost) and each fault on the run's timeline."""
+    acc, timeline = fig.subplots(1, 2)
+    rows = {"HTTP": result["http"], "async": result["async"]}
+    outcomes = ["sent", "ok", "error", "failed", "lost"]
+    width = 0.8 / len(outcomes)
+    for i, outcome in enumerate(outcomes):
+        xs = [x + (i - (len(outcomes) - 1) / 2) * width for x in range(len(rows))]
+        acc.bar(xs, [r.get(outcome, 0) for r in rows.values()], width, color=f"C{i}", label=outcome)
+    acc.set_xticks(range(len(rows)), list(rows))
+    acc.set(title=f"requests: lost {result['lost']}", xlabel="caller", ylabel="requests")
+    acc.legend(fontsize=7)
+    kinds = sorted({f["kind"] for f in result["faults"]})
+    for f in result["faults"]:
+        timeline.plot(f["at_s"], kinds.index(f["kind"]), "o", color=f"C{kinds.index(f['kind'])}")
+    timeline.set_yticks(range(len(kinds)), kinds)
+    timeline.set(title=f"{len(result['faults'])} faults in {result['seconds']:.0f} s", xlabel="time (s)",
+                 ylabel="fault")
+
+
 def numbers(fig: Any, result: dict[str, Any]) -> None:
     """Any other result: its top-level numbers as bars."""
     ax = fig.subplots()
@@ -187,7 +246,8 @@ def numbers(fig: Any, result: dict[str, Any]) -> None:
 
 DRAWERS: dict[str, Drawer] = {"batching": batching, "gateway": gateway, "latency": latency,
                               "passthrough": passthrough, "capture": capture, "tuner": tuner, "simulate": tuner,
-                              "parity": parity, "scale": scale}
+                              "parity": parity, "scale": scale, "chaos": chaos, "broker": broker,
+                              **plot_learning.DRAWERS}
 
 
 def plot_plan(family: Any, stages: dict[str, Any], slo_s: float, path: str | Path, title: str = "") -> Any:
@@ -227,11 +287,15 @@ def plot_result(result: dict[str, Any], path: str | Path) -> Any:
     """Draw ``result`` (what ``flowserve bench`` prints last) to ``path``; returns the matplotlib Figure."""
     workload = str(result.get("workload", ""))
     drawer = DRAWERS.get(workload, numbers)
-    panels = {"batching": 2, "parity": 2, "gateway": len(result.get("topologies", {})) or 1,
-              "tuner": 2 * bool(result.get("tuner")) + bool(result.get("simulate")) or 1}.get(workload, 1)
+    arrivals = {c.get("arrival") for c in result.get("cells") or []}
+    panels = {"batching": len(arrivals) + 1, "parity": 2, "gateway": len(result.get("topologies", {})) or 1,
+              "tuner": 2 * bool(result.get("tuner")) + bool(result.get("simulate")) or 1, "broker": 2, "chaos": 2,
+              "learn": 2}.get(workload, 2 if workload.startswith("learn-") else 1)
     fig = _figure(panels, width=5.5 if workload == "gateway" else 6.5)
     if workload == "gateway":
         fig.set_figheight(8)
+    if workload == "learn":  # a row of two panels per part
+        fig.set_figheight(4.5 * sum(isinstance(result.get(p), dict) for p in plot_learning.PARTS) or 4.5)
     drawer(fig, result)
     fig.suptitle(f"flowserve bench {workload}")
     fig.savefig(path, dpi=110)

@@ -44,7 +44,8 @@ def expand(body: dict[str, Any], request_id: str | None = None, *, prefix: bool 
 
     A stage's record (``"v": 3``: the batches gathered between two commits; ``"v": 2``: one batch)
     expands to one dict per sampled request, each with the keys ``request_id, topology, version, node,
-    component, params_hash, weights_hash, inputs, outputs, batch {id, size, index, rows}, timing
+    component, params_hash, weights_hash, model_version (the registered version, None: as configured),
+    inputs, outputs, batch {id, size, index, rows}, timing
     {start_ms, batch_ms}, trace_id, span_id, error``; a per-request record (v1) is returned as it is.
     """
     version = body.get("v")
@@ -65,6 +66,7 @@ def expand(body: dict[str, Any], request_id: str | None = None, *, prefix: bool 
                 "v": 1, "request_id": rid, "topology": body.get("topology"), "version": body.get("version"),
                 "node": body.get("node"), "component": body.get("component"),
                 "params_hash": body.get("params_hash"), "weights_hash": body.get("weights_hash"),
+                "model_version": body.get("model_version"),
                 "inputs": [[topics[t], p, o] for t, p, o in inputs],
                 "outputs": [[topics[t], partition, port] for t, port in outputs],
                 "batch": {"id": batch.get("id"), "size": batch.get("size"), "index": index, "rows": rows},

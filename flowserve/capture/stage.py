@@ -161,8 +161,15 @@ class StageCapture(StageHooks):
                 "component": self.component.describe(),
                 "params_hash": params_hash(self.component),
                 "weights_hash": self.component.weights_hash,
+                "model_version": self.component.model_version,
             }
         return self._identity
+
+    def _weights_changed(self) -> bool:
+        """Whether the component switched weights (a promoted version) since the identity was taken."""
+        ident = self._ident()
+        return (ident["weights_hash"] != self.component.weights_hash
+                or ident["model_version"] != self.component.model_version)
 
     # -- per batch -------------------------------------------------------------------------------
 
@@ -239,6 +246,11 @@ class StageCapture(StageHooks):
         """
         tap: Tap = token
         sizes, outputs, mask, errors = outcome.sizes, outcome.outputs, outcome.mask, outcome.errors
+        if self._weights_changed():
+            # The batches gathered so far ran on the previous weights (a version was promoted since): they
+            # leave under that identity, before this batch's entries are numbered against a new record.
+            self.flush_lineage(True)
+            self._identity = self._head = None
         self._open = None
         self.batches += 1
         if tap.index:

@@ -46,7 +46,7 @@ def _broker(address: str | None, kind: str, *, server_jvm: bool = False) -> Iter
 
     with console.status(f"starting the {kind} broker…"):
         broker = start_broker(kind, server_jvm=server_jvm)  # type: ignore[arg-type]
-    note = " (memory only: data is gone when flowserve exits)" if kind == "embedded" else ""
+    note = " (a temporary broker: its data is gone when flowserve exits)"
     console.print(f"[green]broker[/] {broker.name} at {broker.bootstrap}{note}")
     try:
         yield broker.settings()
@@ -153,12 +153,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = WorkerSettings(stats_interval_s=args.stats_interval)
     from flowserve.capture import capture_hooks
+    from flowserve.learning import version_hooks
     from flowserve.parity import parity_hooks
     from flowserve.runtime.hooks import chain
     from flowserve.runtime.process import worker_process
+    from flowserve.selection import selection_hooks
 
     settings = worker_process(topology, args.node, settings)  # OS priority: side branches yield the CPU
-    hooks = chain(capture_hooks, parity_hooks(_kafka(args.broker), settings))
+    kafka = _kafka(args.broker)
+    hooks = chain(capture_hooks, parity_hooks(kafka, settings), selection_hooks(kafka),
+                  version_hooks(kafka, settings))
     if args.host == "faust":
         from flowserve.runtime.faust_host import run_worker
 
@@ -266,12 +270,14 @@ def _sample(topology: Any, kafka: Any, args: argparse.Namespace) -> int:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from flowserve.kafka.brokers import ApacheKafka, EmbeddedBroker
+    from flowserve.kafka.brokers import ApacheKafka, EmbeddedBroker, start_default
     from flowserve.kafka.settings import KafkaSettings
 
     _stop_on_sigterm()
-    if args.kind == "embedded":
-        broker: Any = EmbeddedBroker.start(port=args.port)
+    if args.kind == "default":
+        broker: Any = start_default(port=args.port)
+    elif args.kind == "embedded":
+        broker = EmbeddedBroker.start(port=args.port)
     else:
         broker = ApacheKafka.start(nodes=args.nodes, port=args.port)
 
@@ -295,9 +301,13 @@ def cmd_broker(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from flowserve.bench import run_bench
 
-    # Apache Kafka as its start script runs it: the test suite's fast-start JVM would be measured instead
-    with _broker(args.broker, args.broker_kind, server_jvm=True) as kafka:
-        result = run_bench(args.workload, kafka, args)
+    if args.workload == "chaos":  # it starts, faults and stops its own Apache Kafka
+        from flowserve.bench.chaos import chaos_bench
+
+        result = chaos_bench(args)
+    else:  # Apache Kafka as its start script runs it: the test suite's fast-start JVM would be measured instead
+        with _broker(args.broker, args.broker_kind, server_jvm=True) as kafka:
+            result = run_bench(args.workload, kafka, args)
     if args.plot:
         from flowserve.bench.plot import plot_result
 
@@ -315,8 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def broker_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--broker", help="bootstrap host:port of a running Kafka (default: start one here)")
-        p.add_argument("--broker-kind", choices=["embedded", "kafka"], default="embedded",
-                       help="which broker to start when --broker is not given (default: embedded)")
+        p.add_argument("--broker-kind", choices=["default", "embedded", "kafka"], default="default",
+                       help="which broker to start when --broker is not given (default: Apache Kafka where "
+                       "Java and its jars are here, else embedded)")
 
     p = sub.add_parser("run", help="run every node of a topology locally (one process per worker)")
     p.add_argument("topology")
@@ -377,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("broker", help="start a broker on loopback and keep it running")
-    p.add_argument("--kind", choices=["embedded", "kafka"], default="embedded")
+    p.add_argument("--kind", choices=["default", "embedded", "kafka"], default="default")
     p.add_argument("--nodes", type=int, default=1, help="Apache Kafka only: 1 or 3 brokers")
     p.add_argument("--port", type=int)
     p.set_defaults(func=cmd_broker)
@@ -413,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flowserve.cli.parity import register as parity_commands
 
     parity_commands(sub)  # parity train
+    from flowserve.cli.learning import register as learning_commands
+
+    learning_commands(sub)  # learn, shadow, versions, promote, rollback
 
     from flowserve.cli.measure import cmd_profile, cmd_stats
 
@@ -436,16 +450,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks: flowserve and its baseline in one run, with the ratio")
     p.add_argument("workload", choices=["passthrough", "latency", "gateway", "capture", "batching", "tuner",
-                                        "simulate", "parity", "scale"])
+                                        "simulate", "parity", "scale", "broker", "learn", "learn-cache",
+                                        "learn-selection", "learn-ensemble", "learn-continual", "chaos"])
     broker_opts(p)
     p.add_argument("--records", type=int, default=200_000, help="passthrough: records per contender")
     p.add_argument("--rate", type=float, default=50.0, help="latency, capture's detector part: requests per second")
     p.add_argument("--seconds", type=float, default=20.0,
                    help="latency: how long to send; gateway: per level; capture: per configuration")
-    p.add_argument("--cell-seconds", type=float, default=3.0, help="batching: seconds of traffic per load cell")
+    p.add_argument("--cell-seconds", type=float, default=3.0, help="batching: seconds per slice of a load cell")
     p.add_argument("--slice-seconds", type=float, default=None,
-                   help="capture, parity, scale: configurations take turns in slices this long (default 2 s, 4 s, 2 s)")
-    p.add_argument("--rounds", type=int, default=4, help="parity, scale: slices per contender and scenario")
+                   help="capture, parity, scale, broker: configurations take turns in slices this long "
+                   "(default 2 s, 4 s, 2 s, 2 s)")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="parity, scale, broker, batching: slices per contender and scenario")
     p.add_argument("--k", type=int, default=2, help="parity: requests per parity group")
     p.add_argument("--stop-seconds", type=float, default=1.5,
                    help="parity: how long the 'stopped' scenario SIGSTOPs a model worker")
@@ -457,6 +474,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tuner-rate", type=float, default=30.0, help="tuner, simulate: base request rate")
     p.add_argument("--trace-seconds", type=float, default=40.0, help="tuner, simulate: length of each trace")
     p.add_argument("--slo-ms", type=float, default=600.0, help="tuner: end-to-end SLO")
+    from flowserve.cli.chaos import add_arguments as chaos_arguments
+
+    chaos_arguments(p)  # chaos --minutes M --nodes N
+    from flowserve.cli.bench_against import add_arguments as against_arguments
+
+    against_arguments(p)  # gateway --against URL
     p.set_defaults(func=cmd_bench)
     return parser
 

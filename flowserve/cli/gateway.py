@@ -24,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-file", help="bearer tokens, one per line; without it (and FLOWSERVE_GATEWAY_TOKENS) "
                                         "there is no authentication")
     p.add_argument("--max-inflight", type=int, help="requests in flight before 429 (default 4096)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="run this many gateway processes on one port (SO_REUSEPORT), each with its own reply topics")
+    p.add_argument("--reuse-port", action="store_true",
+                   help="share the port with other gateway processes (SO_REUSEPORT; --processes sets this itself)")
     p.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -43,7 +47,9 @@ def serve_blocking(topologies: Sequence[Any], kafka: KafkaSettings, settings: Ga
             print(gateway.url, flush=True)
             await stop.wait()
 
-    asyncio.run(main())
+    from flowserve.runtime.eventloop import run
+
+    run(main(), settings.event_loop)
     return 0
 
 
@@ -54,5 +60,9 @@ def cmd_gateway(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     topologies = [load_topology(p) for p in args.topology]
     settings = GatewaySettings.from_env(args.token_file, host=args.host, port=args.port,
-                                        max_inflight=args.max_inflight)
+                                        max_inflight=args.max_inflight, reuse_port=args.reuse_port or None)
+    if args.processes > 1:
+        from flowserve.cli.gateway_group import run_group
+
+        return run_group(args, settings)
     return serve_blocking(topologies, KafkaSettings.from_env(args.broker), settings)

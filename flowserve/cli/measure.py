@@ -54,13 +54,17 @@ def cmd_stats(args: argparse.Namespace) -> int:
             ("batches", "batches"), ("batch mean", "batch_mean"), ("batch p99", "batch_p99"),
             ("exec p50 ms", "exec_p50_ms"), ("exec p99 ms", "exec_p99_ms"), ("wait p50 ms", "wait_p50_ms"),
             ("wait p99 ms", "wait_p99_ms"), ("lag", "lag"), ("ok", "requests_ok"), ("refused", "refused"),
-            ("expired", "expired"), ("late", "late"), ("dead letters", "dead_lettered")]
+            ("doomed", "doomed"), ("expired", "expired"), ("late", "late"), ("dead letters", "dead_lettered")]
     # parity counters (flowserve.parity) only where some worker reports them: groups, reconstructions, drops
     parity = [("dup dropped", "duplicates"), ("parity groups", "parity_groups"),
               ("parity abandoned", "parity_abandoned"), ("reconstructed", "reconstructed"),
               ("late real", "parity_late_real")]
     if any(row.get(key) for row in rows for _, key in parity):
         cols += parity
+    cache = [("cache hits", "cache_hits"), ("cache misses", "cache_misses"), ("evictions", "cache_evictions"),
+             ("cache bytes", "cache_bytes")]  # nodes with a prediction cache (flowserve.runtime.cache)
+    if any(key in row for row in rows for _, key in cache):
+        cols += cache
     for title, _ in cols:
         table.add_column(title, justify="left" if title in ("node", "worker", "policy") else "right")
     for row in rows:

@@ -17,6 +17,7 @@ from typing import Any
 from flowserve.errors import BrokerError, DeadlineExceeded, ErrorKind, WireError
 from flowserve.gateway.admission import check_inputs
 from flowserve.gateway.bridge import KafkaBridge
+from flowserve.gateway.cache import CACHE_HEADER, ResponseCache
 from flowserve.gateway.health import ReadinessProbe
 from flowserve.gateway.server import HttpServer, Request, Response, error_response, json_response
 from flowserve.gateway.settings import GatewaySettings
@@ -25,6 +26,7 @@ from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.heap import settle
 from flowserve.topology.graph import Topology
 from flowserve.wire.envelope import H_RECONSTRUCTED, H_REPLY_TO, make_headers, new_request_id, new_traceparent, now_ms
+from flowserve.wire.feedback import decode_feedback, encode_feedback
 from flowserve.wire.tensors import encode_tensors
 from flowserve.wire.v2 import HEADER_LENGTH, InferRequest, encode_response, parse_infer
 
@@ -72,9 +74,12 @@ class Gateway:
                                  max_body_bytes=self.settings.max_body_bytes,
                                  max_connections=self.settings.max_connections,
                                  header_timeout_s=self.settings.header_timeout_s,
-                                 idle_timeout_s=self.settings.idle_timeout_s)
+                                 idle_timeout_s=self.settings.idle_timeout_s,
+                                 reuse_port=self.settings.reuse_port)
         self._tokens = [t.get_secret_value().encode() for t in self.settings.tokens]
         self._metadata = {name: self._model_metadata(t) for name, t in self.models.items()}
+        #: answers of topologies with a top-level ``cache:`` (flowserve.gateway.cache)
+        self.responses = ResponseCache(list(topologies))
         #: model -> why it cannot answer now (a stage without any worker); refreshed by _watch_readiness
         self._down: dict[str, str] = {}
         self._watch: asyncio.Task[None] | None = None
@@ -163,6 +168,8 @@ class Gateway:
             return self._only(request, "GET") or await self._ready(name)
         if tail == ["infer"]:
             return self._only(request, "POST") or await self._infer(topology, request)
+        if tail == ["feedback"]:
+            return self._only(request, "POST") or await self._feedback(topology, request)
         return error_response(404, f"no route {request.path}")
 
     @staticmethod
@@ -174,7 +181,7 @@ class Gateway:
 
     def stats(self) -> dict[str, Any]:
         return {"instance": self.settings.instance, "in_flight": self.bridge.in_flight(),
-                **self.bridge.counters.snapshot()}
+                **self.bridge.counters.snapshot(), "cache": self.responses.counters()}
 
     # -- health and metadata -----------------------------------------------------------------------
 
@@ -244,6 +251,9 @@ class Gateway:
             return error_response(status_of(ErrorKind.OVERSIZE), f"the request's tensors take {len(value)} bytes, "
                                   f"more than model '{topology.name}' accepts ({topology.spec.max_message_bytes})",
                                   echo, ErrorKind.OVERSIZE)
+        cache_key = self.responses.key(topology, parsed.tensors, request.headers)
+        if cache_key is not None and (cached := self.responses.get(topology, cache_key)) is not None:
+            return _answer(topology, rid, cached, parsed, None, {**echo, CACHE_HEADER: "hit"})
         if self.bridge.has(rid):
             return error_response(409, f"request id '{rid}' is already in flight; ids must be unique", echo)
         extra = {k: v for k, v in request.headers.items() if k.startswith("x-")}
@@ -269,11 +279,31 @@ class Gateway:
         # an output rebuilt from its parity group (flowserve.parity) says so, and names the group
         group = reply.headers.get(H_RECONSTRUCTED)
         params = {"reconstructed": True, "parity_group": group.decode("utf-8", "replace")} if group else None
-        body, header_length = encode_response(topology.name, topology.version, rid, reply.tensors, parsed, params)
-        if header_length is None:
-            return Response(200, body, headers=echo)
-        return Response(200, body, "application/octet-stream",
-                        {**echo, "Inference-Header-Content-Length": str(header_length)})
+        if cache_key is not None:  # a reconstruction approximates the real answer: it is not kept
+            if group is None:
+                self.responses.put(topology, cache_key, reply.tensors)
+            echo[CACHE_HEADER] = "miss"
+        return _answer(topology, rid, reply.tensors, parsed, params, echo)
+
+    # -- feedback ----------------------------------------------------------------------------------
+
+    async def _feedback(self, topology: Topology, request: Request) -> Response:
+        """The true outputs of an answered request, to ``<base>.feedback``: 202 once the broker has them."""
+        try:
+            feedback = decode_feedback(None, request.body)
+        except WireError as exc:
+            return error_response(status_of(exc.kind), str(exc), None, exc.kind)
+        unknown = [n for n in feedback.outputs if n not in topology.outputs]
+        if unknown:
+            return error_response(status_of(ErrorKind.INVALID_INPUT), f"feedback output '{unknown[0]}' is not an "
+                                  f"output of model '{topology.name}' (outputs: {', '.join(topology.outputs)})",
+                                  None, ErrorKind.INVALID_INPUT)
+        key, value, headers = encode_feedback(feedback.request_id, feedback.outputs, context=feedback.context)
+        try:
+            await self.bridge.send_feedback(topology, key, value, headers)
+        except BrokerError as exc:
+            return error_response(status_of(ErrorKind.UNAVAILABLE), str(exc), None, ErrorKind.UNAVAILABLE)
+        return json_response(202, {"id": feedback.request_id, "accepted": True})
 
     def _timeout_ms(self, topology: Topology, parsed: InferRequest, request: Request) -> int:
         raw: Any = parsed.parameters.get("timeout_ms")
@@ -289,6 +319,16 @@ class Gateway:
         if isinstance(raw, bool) or not isinstance(raw, int) or not 0 < raw <= self.settings.max_timeout_ms:
             raise WireError(f"{source} must be an integer between 1 and {self.settings.max_timeout_ms}, got {raw!r}")
         return raw
+
+
+def _answer(topology: Topology, rid: str, tensors: dict[str, Any], parsed: InferRequest,
+            params: dict[str, Any] | None, headers: dict[str, str]) -> Response:
+    """The V2 response to request ``rid`` (JSON, or binary when it asked for binary outputs)."""
+    body, header_length = encode_response(topology.name, topology.version, rid, tensors, parsed, params)
+    if header_length is None:
+        return Response(200, body, headers=headers)
+    return Response(200, body, "application/octet-stream", {**headers, "Inference-Header-Content-Length":
+                                                            str(header_length)})
 
 
 def _version() -> str:

@@ -17,6 +17,7 @@ from flowserve.errors import BrokerError
 from flowserve.kafka.admin import delete_topics, ensure_topics
 from flowserve.kafka.replies import Reply, ReplyCounters, ReplyRouter
 from flowserve.kafka.settings import KafkaSettings
+from flowserve.topology.capture import topic_configs
 from flowserve.topology.graph import Topology
 from flowserve.wire.envelope import Headers
 
@@ -46,7 +47,7 @@ class KafkaBridge:
     async def start(self) -> None:
         for t in self.topologies:
             await ensure_topics(self.kafka, [*t.topics(), self.reply_topic(t)], t.spec.partitions,
-                                max_message_bytes=t.spec.max_message_bytes)
+                                max_message_bytes=t.spec.max_message_bytes, configs=topic_configs(t))
         await self.router.start()
 
     async def stop(self, *, delete_topics: bool = True) -> None:
@@ -65,6 +66,10 @@ class KafkaBridge:
 
     def has(self, request_id: str) -> bool:
         return self.router.has(request_id)
+
+    async def send_feedback(self, topology: Topology, key: bytes, value: bytes, headers: Headers) -> None:
+        """Write one feedback record to the topology's feedback topic; returns once the broker acknowledged it."""
+        await self.router.send(topology.feedback_topic, key, value, headers)
 
     def submit(self, topology: Topology, request_id: str, value: bytes, headers: Headers,
                timeout_s: float) -> asyncio.Future[Reply]:

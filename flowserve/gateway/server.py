@@ -300,8 +300,10 @@ class HttpServer:
     def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 8080, *,
                  max_body_bytes: int = 16 * 1024 * 1024, max_head_bytes: int = 64 * 1024,
                  max_connections: int = 10_000, header_timeout_s: float = 10.0,
-                 idle_timeout_s: float = 60.0) -> None:
+                 idle_timeout_s: float = 60.0, reuse_port: bool = False) -> None:
         self.handler = handler
+        #: SO_REUSEPORT: several processes listen on one port and the kernel spreads connections over them
+        self.reuse_port = reuse_port
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
@@ -320,7 +322,8 @@ class HttpServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), self.host, self.port,
-                                                reuse_address=True, backlog=1024)
+                                                reuse_address=True, reuse_port=self.reuse_port or None,
+                                                backlog=1024)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         self._sweep()

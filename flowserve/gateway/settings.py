@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -34,6 +34,10 @@ class GatewaySettings(BaseModel):
     max_timeout_ms: int = Field(600_000, gt=0, description="largest per-request timeout a caller may ask for")
     tokens: tuple[SecretStr, ...] = Field((), description="bearer tokens; none = no authentication")
     delete_reply_topics: bool = Field(True, description="delete this gateway's reply topics on clean shutdown")
+    reuse_port: bool = Field(False, description="share the port with other gateway processes (SO_REUSEPORT); "
+                                                "each needs its own instance")
+    event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
+        "auto", description="the process's event loop; auto: uvloop when installed")
 
     @classmethod
     def from_env(cls, token_file: str | None = None, **overrides: Any) -> GatewaySettings:

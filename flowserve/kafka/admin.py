@@ -11,7 +11,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from flowserve.errors import BrokerError
-from flowserve.kafka.clients import OVERHEAD
+from flowserve.kafka.clients import OVERHEAD, unreachable
 from flowserve.kafka.settings import KafkaSettings
 
 log = logging.getLogger("flowserve.kafka.admin")
@@ -56,7 +56,7 @@ async def ensure_topics(kafka: KafkaSettings, topics: Iterable[str], partitions:
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
     except Exception as exc:
-        raise BrokerError(f"cannot reach Kafka at {kafka.bootstrap}: {exc!r}") from None
+        raise await unreachable(kafka, exc) from None
     try:
         existing = set(await admin.list_topics())
         config = {"max.message.bytes": str(max_message_bytes + OVERHEAD)} if max_message_bytes else {}

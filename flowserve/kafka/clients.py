@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import KafkaConnectionError
 
+from flowserve.errors import BrokerError
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 
 # Headroom over the largest record: batch framing, headers, key.
@@ -45,3 +50,44 @@ def make_producer(kafka: KafkaSettings, worker: WorkerSettings, *, max_message_b
         **kafka.client_kwargs(),
         **extra,
     )
+
+
+async def why_unreachable(kafka: KafkaSettings, timeout_s: float = 10.0) -> str:
+    """What one direct connection to the first bootstrap address says went wrong ("" if it connects).
+
+    aiokafka's clients only log why a bootstrap failed (an authentication failure, a certificate that
+    does not verify) and raise "Unable to bootstrap"; this finds the reason to put in the error.
+    """
+    from aiokafka.conn import create_conn
+
+    host, _, port = kafka.bootstrap.split(",")[0].rpartition(":")
+    options = kafka.client_kwargs()
+    del options["bootstrap_servers"]
+    try:
+        conn = await asyncio.wait_for(create_conn(host, int(port), **options), timeout_s)
+    except Exception as exc:  # noqa: BLE001 - any failure is the answer
+        return f"{type(exc).__name__}: {exc}" if str(exc) else repr(exc)
+    conn.close()
+    return ""
+
+
+async def unreachable(kafka: KafkaSettings, exc: BaseException | None) -> BrokerError:
+    """A :class:`BrokerError` that says why ``kafka`` could not be reached, and which settings to check."""
+    reason = await why_unreachable(kafka) or repr(exc or "unknown")
+    hint = ""
+    if "authenticat" in reason.lower():
+        hint = ("; check FLOWSERVE_SASL_USERNAME, FLOWSERVE_SASL_PASSWORD and FLOWSERVE_SASL_MECHANISM "
+                f"({kafka.sasl_mechanism}) for user {kafka.sasl_username!r}")
+    elif "ssl" in reason.lower() or "certificate" in reason.lower():
+        hint = "; check FLOWSERVE_SSL_CAFILE (the CA that signed the brokers' certificates) and the address"
+    elif kafka.security_protocol != "PLAINTEXT":
+        hint = f"; is {kafka.bootstrap} a {kafka.security_protocol} listener?"
+    return BrokerError(f"cannot reach Kafka at {kafka.bootstrap} ({kafka.security_protocol}): {reason}{hint}")
+
+
+async def start_client(client: Any, kafka: KafkaSettings) -> None:
+    """``await client.start()``, a connection failure raised as :func:`unreachable` explains it."""
+    try:
+        await client.start()
+    except KafkaConnectionError as exc:
+        raise await unreachable(kafka, exc) from None

@@ -214,6 +214,17 @@ class ReplyRouter:
                 waiter[1].cancel()
             self._remember(request_id, _EXPIRED)
 
+    async def send(self, topic: str, key: bytes, value: bytes, headers: Headers, timeout_s: float = 30.0) -> None:
+        """Write one record that expects no reply (feedback, say) and wait until the broker acknowledged it.
+
+        Raises :class:`BrokerError` when it was not acknowledged within ``timeout_s``.
+        """
+        try:
+            await asyncio.wait_for(self._producer.send_and_wait(topic, value, key=key, headers=list(headers)),
+                                   timeout_s)
+        except Exception as exc:  # noqa: BLE001 - every produce failure reaches the caller as one kind
+            raise BrokerError(f"{self.label}: the write to {topic} was not acknowledged: {exc!r}") from None
+
     def queue(self, topic: str, partition: int, request_id: str, value: bytes, headers: Headers) -> None:
         """Queue one request record (keyed by its id) for the next batch. Synchronous: no coroutine per record."""
         self._outbox.add(topic, partition, request_id.encode(), value, headers)

@@ -53,15 +53,20 @@ class KafkaSettings(BaseModel):
             values["bootstrap"] = bootstrap
         return cls(**values)
 
+    def ssl_context(self) -> Any:
+        """The TLS context of SSL and SASL_SSL connections (None for the others): verifies the brokers'
+        certificates against ``ssl_cafile`` (else the system's CAs), with a client certificate if given."""
+        if self.security_protocol not in ("SSL", "SASL_SSL"):
+            return None
+        from aiokafka.helpers import create_ssl_context
+
+        return create_ssl_context(cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile)
+
     def client_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"bootstrap_servers": self.bootstrap.split(","),
                                   "security_protocol": self.security_protocol}
         if self.security_protocol in ("SSL", "SASL_SSL"):
-            from aiokafka.helpers import create_ssl_context
-
-            kwargs["ssl_context"] = create_ssl_context(
-                cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
-            )
+            kwargs["ssl_context"] = self.ssl_context()
         if self.sasl_mechanism:
             kwargs["sasl_mechanism"] = self.sasl_mechanism
             kwargs["sasl_plain_username"] = self.sasl_username
@@ -70,6 +75,8 @@ class KafkaSettings(BaseModel):
 
     def __repr__(self) -> str:  # never print the password, even by accident
         return f"KafkaSettings(bootstrap={self.bootstrap!r}, security_protocol={self.security_protocol!r})"
+
+    __str__ = __repr__
 
 
 class WorkerSettings(BaseModel):
@@ -89,6 +96,9 @@ class WorkerSettings(BaseModel):
     acks: Literal[0, 1, "all"] = "all"
     commit_interval_ms: int = Field(100, ge=0, description="under load, commit at most this often (0: every batch)")
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    honour_deadlines: bool = Field(
+        True, description="fail requests whose deadline passed; False for a branch that answers nobody (a shadow "
+        "replaying retained inputs computes every request whatever its deadline)")
     stats_interval_s: float = Field(0.0, ge=0, description="log counters this often (0: only at exit)")
     metrics_interval_s: float = Field(2.0, ge=0, description="publish a metrics snapshot this often (0: never)")
     inline_below_ms: float = Field(

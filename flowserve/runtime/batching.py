@@ -15,16 +15,22 @@ Ray Serve and Triton, and ``SLOPolicy`` (the default) plans with execution-time 
 
 * *Admission*: a request is refused at once only when it is infeasible even if it ran next, alone:
   ``now + p50(1)`` (its typical time alone) plus the hops and the fastest downstream path ends past its
-  deadline (Clockwork: refuse rather than finish late). Nothing that could still make it is refused on
-  predicted queueing.
+  deadline (Clockwork: refuse rather than finish late).
+* *Doomed* (Clockwork's early drop): a request that could make it alone, but not behind the requests
+  kept ahead of it even were they worked off in full batches at their median, is answered at once with a
+  deadline error (``Plan.doomed``), so its work goes to those that can still make it. Predicted completion
+  = now + the full batches ahead + its own batch, each at its p50 plus the worker's per-batch overhead.
 * *Batch*: the largest batch ``b``, no larger than what is queued and the node's maximum, whose predicted
-  **p99** lets the earliest node-deadline in it be met. When that is smaller than a full batch and more is
-  queued, a full batch is taken when two full batches are queued (a backlog), and otherwise considered:
-  both are scored by the misses they predict over the window,
-  the chosen batch at its p99 and the batches queued behind it at their **p50** (summing p99s over
-  several batches is far too pessimistic); the full batch wins ties (under load throughput is what
-  drains the queue and so helps the later deadlines). Only the first batch runs; the worker re-plans with
-  the real clock after it. Batches are prefixes of the queue, so a new request never overtakes an old one.
+  **p99** lets the earliest node-deadline in it be met. When that is smaller than what is queued, a full
+  batch is taken when two full batches are queued (a backlog); otherwise the candidates double from ``b``
+  up to a full batch, each scored by the misses it predicts over the window (the candidate at its p99,
+  the batches queued behind it in full batches at their **p50**: summing p99s over several batches is far
+  too pessimistic); fewest misses wins, the larger batch on ties (under load throughput is what drains the
+  queue and so helps the later deadlines). Only the first batch runs; the worker re-plans with the real
+  clock after it. Batches are prefixes of the queue, so a new request never overtakes an old one.
+* *Overhead*: the profile times ``process`` only; the worker also reports what each batch cost it besides
+  (assembling, encoding, producing: ``observe_overhead``), and every prediction adds it once per batch,
+  which is what makes many small batches dear on a long queue.
 
 Until the profile knows two batch sizes the policy falls back to Clipper's AIMD: grow the batch by one
 while a full batch takes under 90% of its budget, multiply it by 0.9 on a violation.
@@ -35,6 +41,8 @@ Policies are plain objects with a fake-clock-friendly API: ``plan(deadlines_ms, 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -46,16 +54,24 @@ if TYPE_CHECKING:
     from flowserve.topology.graph import Topology
 
 
+#: the worker's per-batch overhead is the median of this many of its last reports
+OVERHEAD_WINDOW = 51
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """The next step on a queue of requests (in FIFO order).
 
-    ``refuse``: queue index -> why that request is refused now (it cannot meet its deadline).
-    ``take``: how many of the remaining requests (queue order, refused ones removed) form the next batch.
+    ``refuse``: queue index -> why that request is refused now (it cannot meet its deadline even alone).
+    ``doomed``: queue index -> why that request is answered now with a deadline error (see below).
+    ``take``: how many of the remaining requests (queue order, refused and doomed removed) form the next batch.
     """
 
     take: int
     refuse: dict[int, str] = field(default_factory=dict)
+    #: queue index -> why that request is answered now with a deadline error: it could make its deadline
+    #: alone, but not behind the requests ahead of it (Clockwork's early drop).
+    doomed: dict[int, str] = field(default_factory=dict)
 
 
 class BatchPolicy:
@@ -80,6 +96,10 @@ class BatchPolicy:
 
     def observe(self, size: int, seconds: float) -> None:
         """Feedback: a batch of ``size`` records took ``seconds`` to process."""
+
+    def observe_overhead(self, seconds: float) -> None:
+        """Feedback: besides ``process``, a batch cost the worker ``seconds`` (assembling it, encoding and
+        producing its results): what the execution-time profile does not see."""
 
     def plan(self, deadlines: Sequence[float | None], now_ms: float) -> Plan:
         """Which of the queued requests (their deadlines, FIFO) to refuse now, and how many form the next batch."""
@@ -143,6 +163,10 @@ class SLOPolicy(BatchPolicy):
     #: fetch and plan over up to ``lookahead * max_batch`` queued records (the planning window).
     lookahead: int = 4
     max_wait_ms: float = 0.0
+    #: the worker's own cost per batch besides ``process`` (seconds; the median of what it reports):
+    #: it is paid once per batch, so it is what makes small batches dear when the queue is long.
+    overhead_s: float = 0.0
+    _overheads: deque[float] = field(default_factory=lambda: deque(maxlen=OVERHEAD_WINDOW), repr=False)
     #: AIMD state (used while the profile is not ready).
     aimd_size: int = 1
     _aimd_budget_s: float | None = field(default=None, repr=False)
@@ -171,6 +195,13 @@ class SLOPolicy(BatchPolicy):
         elif self._aimd_full and (budget is None or seconds < 0.9 * budget):
             self.aimd_size = min(self.max_batch, self.aimd_size + 1)
 
+    def observe_overhead(self, seconds: float) -> None:
+        """The median of the last ``OVERHEAD_WINDOW`` reports: one stall (a collection, the process
+        descheduled on a busy machine) must not make every batch look dear and the policy drop requests."""
+        if math.isfinite(seconds) and seconds >= 0:
+            self._overheads.append(seconds)
+            self.overhead_s = statistics.median(self._overheads)
+
     def plan(self, deadlines: Sequence[float | None], now_ms: float) -> Plan:
         if not deadlines:
             return Plan(take=0)
@@ -191,47 +222,70 @@ class SLOPolicy(BatchPolicy):
         window = self.window
         if len(deadlines) > window:
             deadlines = deadlines[:window]
-        p99 = self.profile.p99
-        budget = self.budget
-        # Admission: refuse only what cannot make it even if it ran next, alone, in a typical (p50) time.
-        p1_ms = (self.profile.p50(1) or 0.0) * 1000
-        hopeless = now_ms + p1_ms + (budget.reserve_s + budget.downstream_s) * 1000
+        p99, p50, top = self.profile.p99, self.profile.p50, self.max_batch
+        budget, over = self.budget, self.overhead_s
+        after_ms = (budget.reserve_s + budget.downstream_s) * 1000
+        # Earliest finish of the request at kept position k, were the queue worked in full batches at their
+        # median (the fastest FIFO can go): full batches ahead, then its own batch of what remains.
+        full_ms = ((p50(top) or 0.0) + over) * 1000
+        part_ms = [0.0, *(((p50(b) or 0.0) + over) * 1000 for b in range(1, min(top, len(deadlines)) + 1))]
         refuse: dict[int, str] = {}
+        doomed: dict[int, str] = {}
         local: list[float] = []  # node-deadlines of the requests kept, in FIFO order
         share, keep_ms = budget.share, now_ms + budget.reserve_s * 1000
         for i, d in enumerate(deadlines):
             if d is None:
                 local.append(math.inf)
-            elif d < hopeless:
-                refuse[i] = self._refusal(d, now_ms, p1_ms / 1000, now_ms) or "cannot finish before its deadline"
-            else:
+                continue
+            k = len(local)
+            ahead_ms = (k // top) * full_ms
+            finish = now_ms + ahead_ms + part_ms[k % top + 1]
+            if d - after_ms >= finish:
                 local.append(now_ms + share * (d - keep_ms))
+            elif d - after_ms < now_ms + part_ms[1]:
+                # Admission: it could not make it even if it ran next, alone, in a typical time.
+                refuse[i] = self._refusal(d, now_ms, part_ms[1] / 1000, now_ms) or "cannot finish before its deadline"
+            else:
+                # Doomed (Clockwork): it could have made it alone, but not behind the queue ahead of it
+                # even at full batches; answering now gives its work to the requests that can still make it.
+                doomed[i] = (f"deadline cannot be met: {d - now_ms:.1f} ms left, {k} requests ahead "
+                             f"(~{ahead_ms + part_ms[k % top + 1]:.1f} ms at full batches) "
+                             f"+ {after_ms:.1f} ms downstream")
         n = len(local)
         if not n:
-            return Plan(take=0, refuse=refuse)
-        cap = min(n, self.max_batch)
+            return Plan(take=0, refuse=refuse, doomed=doomed)
+        cap = min(n, top)
         # The largest prefix whose p99 meets the earliest node-deadline in it (at least 1: FIFO).
         best, earliest = 1, local[0]
         for size in range(2, cap + 1):
             earliest = min(earliest, local[size - 1])
-            if now_ms + (p99(size) or 0.0) * 1000 > earliest:
+            if now_ms + ((p99(size) or 0.0) + over) * 1000 > earliest:
                 break
             best = size
-        if best < cap and (n >= 2 * self.max_batch  # a backlog: throughput is what saves the later deadlines
-                           or self._misses(local, cap, now_ms) <= self._misses(local, best, now_ms)):
-            best = cap  # a full batch loses no more deadlines and drains the queue faster
-        return Plan(take=best, refuse=refuse)
+        if best < cap:
+            if n >= 2 * top:
+                best = cap  # a backlog: throughput is what saves the later deadlines
+            else:
+                # Fewer misses over the window wins; the larger batch wins ties (it drains the queue faster).
+                # Candidates double from the fitting batch: O(window * log(max_batch)) per plan.
+                misses, size = self._misses(local, best, now_ms), best
+                while size < cap:
+                    size = min(cap, size * 2)
+                    m = self._misses(local, size, now_ms)
+                    if m <= misses:
+                        best, misses = size, m
+        return Plan(take=best, refuse=refuse, doomed=doomed)
 
     def _misses(self, local: list[float], first: int, now_ms: float) -> int:
         """Predicted deadline misses over ``local`` when the next batch is ``first`` requests (at its p99)
         and the rest follow in full batches (at their p50). O(len(local))."""
-        p99, p50, top = self.profile.p99, self.profile.p50, self.max_batch
-        t = now_ms + (p99(first) or 0.0) * 1000
+        p99, p50, top, over = self.profile.p99, self.profile.p50, self.max_batch, self.overhead_s
+        t = now_ms + ((p99(first) or 0.0) + over) * 1000
         misses = sum(1 for d in local[:first] if d < t)
         pos, n = first, len(local)
         while pos < n:
             size = min(top, n - pos)
-            t += (p50(size) or 0.0) * 1000
+            t += ((p50(size) or 0.0) + over) * 1000
             misses += sum(1 for d in local[pos:pos + size] if d < t)
             pos += size
         return misses

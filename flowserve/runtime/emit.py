@@ -43,8 +43,14 @@ class Counters:
     refused: int = 0
     #: processed here but finished after their deadline.
     late: int = 0
+    #: answered at once with a deadline error: could make it alone, not behind the queue ahead (Clockwork).
+    doomed: int = 0
     #: records dropped on a first-wins input: a request's output already read (``Node.first_wins``)
     duplicates: int = 0
+    #: deadline join: inputs dropped because their request was already answered (or past its deadline)
+    join_late: int = 0
+    #: deadline join: requests answered at their fire time with inputs absent
+    join_partial: int = 0
     #: dead letters per error kind (``flowserve.errors.ErrorKind``)
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
 

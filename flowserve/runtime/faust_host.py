@@ -24,6 +24,7 @@ import tempfile
 import uuid
 from typing import Any
 
+from flowserve.kafka.clients import unreachable, why_unreachable
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.runtime.hooks import HookFactory, no_hooks
 from flowserve.runtime.worker import StageWorker
@@ -41,9 +42,6 @@ def make_app(topology: Topology, node_id: str, kafka: KafkaSettings, settings: W
     import faust
     from mode import Service
 
-    if kafka.security_protocol != "PLAINTEXT":
-        # faust takes TLS/SASL as its own credentials objects; keep one code path for now.
-        raise NotImplementedError("--host faust supports PLAINTEXT brokers; use --host asyncio for TLS/SASL")
     instance = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
     app = faust.App(
         f"{topology.group_id(node_id)}.host.{instance}",
@@ -58,6 +56,7 @@ def make_app(topology: Topology, node_id: str, kafka: KafkaSettings, settings: W
         # Each process is a new group; reading from the start and skipping commands older than the process
         # means a command sent while the group was still forming is not lost, and old ones do not replay.
         consumer_auto_offset_reset="earliest",
+        broker_credentials=_credentials(kafka),
     )
     control = app.topic(topology.control_topic, value_serializer="json", partitions=1)
     # aiokafka clients must be made inside the running loop, so the worker is built on start.
@@ -91,6 +90,19 @@ def make_app(topology: Topology, node_id: str, kafka: KafkaSettings, settings: W
     return app
 
 
+def _credentials(kafka: KafkaSettings) -> Any:
+    """The same TLS/SASL settings as the worker's own clients, as faust's credentials objects."""
+    import faust
+
+    if kafka.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
+        return faust.SASLCredentials(username=kafka.sasl_username, password=password,
+                                     ssl_context=kafka.ssl_context(), mechanism=kafka.sasl_mechanism or "PLAIN")
+    if kafka.security_protocol == "SSL":
+        return faust.SSLCredentials(kafka.ssl_context())
+    return None
+
+
 def handle_command(worker: StageWorker, command: Any, app: Any = None, *, since_ms: int = 0) -> str:
     """Apply one control command to ``worker``; returns what was done (also logged)."""
     if not isinstance(command, dict) or command.get("command") not in COMMANDS:
@@ -119,6 +131,10 @@ def run_worker(topology: Topology, node_id: str, kafka: KafkaSettings, settings:
     """Run one node under faust until a signal or a ``stop`` command."""
     from mode import Worker
 
+    # faust's own clients only log why they cannot connect and then fail with "Unable to bootstrap":
+    # check first, so that a wrong password or an untrusted certificate is the error the worker exits with.
+    if asyncio.run(why_unreachable(kafka)):
+        raise asyncio.run(unreachable(kafka, None))
     app = make_app(topology, node_id, kafka, settings, hooks)
     app.finalize()
     # Worker owns signals and the event loop; quiet by default so a worker's log is its own messages.

@@ -8,7 +8,7 @@ reader. Instruments:
 ``flowserve.batch.exec_time``   histogram   ms per ``process`` call
 ``flowserve.queue.wait``        histogram   ms from a record's timestamp to its intake here
 ``flowserve.lag``               gauge       records queued for this worker
-``flowserve.requests.*``        counters    ok, refused, expired, late (deadline missed), dead_lettered
+``flowserve.requests.*``        counters    ok, refused, expired, late (deadline missed), dead_lettered, doomed
 ==============================  ==========  ==================================================
 
 Every ``metrics_interval_s`` (2 s by default) the worker publishes a JSON snapshot, keyed by
@@ -33,10 +33,12 @@ if TYPE_CHECKING:
 SIZE_BOUNDS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 MS_BOUNDS = [0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 2000,
              5000, 10_000]
-COUNTERS = ("requests_ok", "refused", "expired", "late", "dead_lettered", "error_results", "duplicates")
+COUNTERS = ("requests_ok", "refused", "expired", "late", "dead_lettered", "error_results", "duplicates", "doomed")
 #: counters of parity hooks (flowserve.parity), shown by ``flowserve stats`` where a worker reports them
 PARITY_COUNTERS = ("parity_groups", "parity_queries", "parity_abandoned", "parity_outputs", "reconstructed",
                    "parity_late_real")
+#: counters of a node's prediction cache (flowserve.runtime.cache), where its YAML asks for one
+CACHE_COUNTERS = ("cache_hits", "cache_misses", "cache_evictions", "cache_bytes")
 
 
 def worker_id() -> str:
@@ -219,5 +221,6 @@ def snapshot_rows(snaps: list[dict[str, Any]], now_ms: int | None = None) -> lis
             "wait_p50_ms": wait.get("p50", 0), "wait_p99_ms": wait.get("p99", 0), "lag": m.get("lag", 0),
             **{k: c.get(k, 0) for k in COUNTERS},
             **{k: c[k] for k in PARITY_COUNTERS if k in c},
+            **{k: c[k] for k in CACHE_COUNTERS if k in c},
         })
     return rows

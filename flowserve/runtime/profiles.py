@@ -7,8 +7,10 @@ their 99th percentile. ``flowserve profile TOPOLOGY`` seeds the profile by sweep
 at start and keeps it live with every batch it runs. Between profiled sizes the prediction is linear;
 beyond the largest it grows with the per-item cost of the largest (pessimistic: batching is sublinear).
 Predictions never decrease with the batch size: figures that disagree are pooled (weighted isotonic
-regression), so a noisy spike at one size is not carried to every larger one; a size measured fewer than
-``MIN_LIVE`` times live keeps its seeded figure (or none).
+regression), so a noisy spike at one size is not carried to every larger one; nor do they grow faster
+than the batch (a larger batch never costs more per request than a smaller one); a size measured fewer than
+``MIN_LIVE`` times live keeps its seeded figure (or none), scaled by how the live runs compare with the
+seeds (a profile taken on a busier or quieter machine than the one serving).
 """
 
 from __future__ import annotations
@@ -94,13 +96,21 @@ class ExecProfile:
         if q != 99:
             out.update({size: (v, self.min_live) for size, v in self.seed_p50.items()})
         sparse: dict[int, tuple[float, int]] = {}
+        live: dict[int, tuple[float, int]] = {}
         for size, runs in list(self._runs.items()):
             if not runs:
                 continue
             if len(runs) >= self.min_live:
-                out[size] = (self._percentile_of(size, q, runs), len(runs))
+                live[size] = (self._percentile_of(size, q, runs), len(runs))
             elif size not in out:
                 sparse[size] = (self._percentile_of(size, q, runs), len(runs))
+        if live and out:
+            # Seeds are a shape; the live runs say the level. A profile taken on a busier (or quieter)
+            # machine than the one serving would otherwise keep its figures at every size not yet run
+            # live, so the seeds move by the typical live/seeded ratio (median weighted by runs).
+            scale = _calibration(out, live)
+            out = {size: (v * scale, w) for size, (v, w) in out.items()}
+        out.update(live)
         if not out:
             return sparse
         return out
@@ -125,6 +135,10 @@ class ExecProfile:
                 # A larger batch never takes less time than a smaller one: where the figures disagree, the
                 # noise is pooled (weighted isotonic regression), not a spike carried to every larger size.
                 values = _isotonic([figures[s][0] for s in sizes], [figures[s][1] for s in sizes])
+                # Nor does it cost more per request than a smaller one: b requests can always run as
+                # b / a batches of a. A sweep taken while something else held the CPU says otherwise.
+                for i in range(1, len(sizes)):
+                    values[i] = min(values[i], values[i - 1] * sizes[i] / sizes[i - 1])
                 table = self._tables[q] = (sizes, values)
         return table
 
@@ -140,13 +154,7 @@ class ExecProfile:
         sizes, values = self._build(q)
         if not sizes:
             return None
-        if size <= sizes[0]:
-            return values[0]
-        if size >= sizes[-1]:
-            return values[-1] * size / sizes[-1]
-        lo = _bisect(sizes, size)
-        s0, s1, v0, v1 = sizes[lo], sizes[lo + 1], values[lo], values[lo + 1]
-        return v0 + (v1 - v0) * (size - s0) / (s1 - s0)
+        return _interpolate(sizes, values, size)
 
     # -- persistence -----------------------------------------------------------------------------
 
@@ -168,6 +176,37 @@ class ExecProfile:
         except (TypeError, ValueError, AttributeError):
             raise ValueError("'p99_s'/'p50_s' keys must be batch sizes and values seconds") from None
         return cls(seed, seed_p50=seed_p50, **kwargs)
+
+
+def _calibration(seeded: dict[int, tuple[float, int]], live: dict[int, tuple[float, int]]) -> float:
+    """The weighted median of live figure / seeded prediction over the sizes run live (1.0: no change)."""
+    sizes = sorted(seeded)
+    values = [seeded[s][0] for s in sizes]
+    ratios: list[tuple[float, int]] = []
+    for size, (figure, runs) in live.items():
+        expected = _interpolate(sizes, values, size)
+        if expected > 0:
+            ratios.append((figure / expected, runs))
+    if not ratios:
+        return 1.0
+    ratios.sort()
+    half, seen = sum(w for _, w in ratios) / 2, 0
+    for ratio, weight in ratios:
+        seen += weight
+        if seen >= half:
+            return ratio
+    return ratios[-1][0]
+
+
+def _interpolate(sizes: list[int], values: list[float], size: int) -> float:
+    """Linear between known sizes, the per-item cost of the largest beyond it (``sizes`` sorted, non-empty)."""
+    if size <= sizes[0]:
+        return values[0]
+    if size >= sizes[-1]:
+        return values[-1] * size / sizes[-1]
+    lo = _bisect(sizes, size)
+    s0, s1, v0, v1 = sizes[lo], sizes[lo + 1], values[lo], values[lo + 1]
+    return v0 + (v1 - v0) * (size - s0) / (s1 - s0)
 
 
 def _positive(seed: dict[int, float] | None) -> dict[int, float]:

@@ -23,16 +23,18 @@ from aiokafka.errors import IllegalStateError, KafkaError
 
 from flowserve.component import Batch, Component, read_result
 from flowserve.errors import ErrorKind, Failure, FlowserveError, WireError
-from flowserve.kafka.clients import make_consumer, make_producer
+from flowserve.kafka.clients import make_consumer, make_producer, start_client
 from flowserve.kafka.outbox import Outbox
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.runtime.batching import BatchPolicy, describe, make_policy
+from flowserve.runtime.cache import NodeCache
 from flowserve.runtime.commits import Commits
 from flowserve.runtime.dedup import FirstWins
 from flowserve.runtime.emit import Counters, Emitter, Item, _visits
 from flowserve.runtime.execute import Executor
 from flowserve.runtime.fastpath import decode_column
 from flowserve.runtime.heap import settle
+from flowserve.runtime.held import HeldOffsets
 from flowserve.runtime.hooks import BatchOutcome, HookFactory, StageContext, no_hooks
 from flowserve.runtime.join import TP, JoinBuffer, Ready
 from flowserve.runtime.metrics import NodeMetrics
@@ -111,7 +113,11 @@ class StageWorker(Emitter):
         self._early: list[Any] = []  # acknowledgements of batches sent before the step ends
         self._publishing: asyncio.Task[None] | None = None
         self.join = JoinBuffer(self.node) if self.node.needs_join or self.node.triggers else None
+        self.held = HeldOffsets(self.component) if self.component.keeps_state else None
         self.counters = Counters()
+        spec = self.node.cache
+        self.cache = NodeCache(node_id, self.component, int(spec.max_mb * 2**20), spec.ttl_s,
+                               vary=spec.vary) if spec else None
         self.max_bytes = topology.spec.max_message_bytes
         self._topic_sources = {s.topic for ss in self.node.bindings.values() for s in ss}
         self._inputs_topic = topology.inputs_topic
@@ -125,6 +131,7 @@ class StageWorker(Emitter):
             if len(sources) == 1:
                 self._columnar = (port, sources[0].tensor)
         self._expired = Failure(ErrorKind.DEADLINE, f"deadline exceeded before node '{node_id}'")
+        self._deadlines = self.settings.honour_deadlines
         self._step_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._started = False
@@ -155,8 +162,8 @@ class StageWorker(Emitter):
         stage = StageContext(self.topology, self.node, self.component, self.outbox.add, self._reply_topic)
         for hook in self.hooks:
             hook.start(stage)
-        await self.producer.start()
-        await self.consumer.start()
+        await start_client(self.producer, self.kafka)
+        await start_client(self.consumer, self.kafka)
         self.consumer.subscribe(list(self.node.input_topics), listener=_Rebalance(self))
         self._started = True
 
@@ -217,6 +224,8 @@ class StageWorker(Emitter):
         counts = self.counters.snapshot()
         for hook in self.hooks:
             counts.update(hook.counters())
+        if self.cache is not None:
+            counts.update(self.cache.counters())
         return counts
 
     def _snapshot(self) -> dict[str, Any]:
@@ -254,7 +263,8 @@ class StageWorker(Emitter):
         """One fetch → process → produce → acknowledge → commit cycle."""
         timeout = self.settings.poll_timeout_ms
         if self.join is not None and len(self.join):
-            timeout = min(timeout, 20)
+            due = self.join.next_fire()  # a deadline join wakes for its next fire time, others every 20 ms
+            timeout = min(timeout, 20 if due is None else max(1, due - now_ms()))
         self._last_lag = self._lag()
         size = self.policy.next_size(self._last_lag)
         try:
@@ -309,7 +319,8 @@ class StageWorker(Emitter):
         if waits and self.metrics is not None:
             self.metrics.queue_wait(waits)
         if self.join is not None:
-            items.extend(Item(r) for r in self.join.expire(now))
+            items.extend(Item(r) for r in self.join.expire(now_ms() if self.join.kind == "deadline" else now))
+            self.counters.join_late, self.counters.join_partial = self.join.late, self.join.partial
         if items:
             await self._process(items, now)
         clean = self._after_step(force=not fetched or self.commits.due())  # False: a hook holds records back
@@ -368,7 +379,13 @@ class StageWorker(Emitter):
         return clean
 
     def _offsets(self, handled: dict[TP, int]) -> dict[TopicPartition, int]:
-        oldest = self.join.oldest_offsets() if self.join is not None else {}
+        oldest = dict(self.join.oldest_offsets()) if self.join is not None else {}
+        if self.held is not None:
+            for tp, off in self.held.oldest().items():
+                oldest[tp] = min(off, oldest.get(tp, off))
+            # A partition held back earlier may be free now though this fetch had none of its records.
+            assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+            handled = {**{tp: off for tp, off in self._seen.items() if tp in assigned}, **handled}
         return {TopicPartition(t, p): min(off, oldest.get((t, p), off)) for (t, p), off in handled.items()}
 
     def _intake_columnar(self, records: list[Any], items: list[Item]) -> bool:
@@ -452,7 +469,7 @@ class StageWorker(Emitter):
             if r.error is not None:
                 await self._emit_error(r, r.error, count=False)
                 continue
-            deadline = deadline_of(r.headers.get(H_DEADLINE))
+            deadline = deadline_of(r.headers.get(H_DEADLINE)) if self._deadlines else None
             if deadline is not None and deadline < now:
                 self.counters.expired += 1
                 await self._emit_error(r, self._expired)
@@ -478,11 +495,13 @@ class StageWorker(Emitter):
 
     async def _work_off(self, queue: list[Item]) -> None:
         """Run a FIFO queue batch by batch as the policy plans it, re-planning with the real clock after
-        each batch. Requests the policy says cannot make their deadline are refused at once (error result).
+        each batch. Requests the policy says cannot make their deadline are answered at once (error result:
+        kind ``refused`` when hopeless even alone, ``deadline`` when doomed by the queue ahead).
 
         Each plan sees only the head of the queue (the policy's ``window``), so working off a queue of n
         costs O(n * window / batch) in Python, not O(n^2)."""
-        deadlines: list[float | None] = [deadline_of(it.ready.headers.get(H_DEADLINE)) for it in queue]
+        deadlines: list[float | None] = ([deadline_of(it.ready.headers.get(H_DEADLINE)) for it in queue]
+                                         if self._deadlines else [None] * len(queue))
         window = self.policy.window or 4 * self.node.max_batch
         pos, first = 0, True
         while pos < len(queue):
@@ -506,6 +525,11 @@ class StageWorker(Emitter):
                     drop[live[k]] = why
                     await self._emit_error(queue[live[k]].ready,
                                            Failure(ErrorKind.REFUSED, f"refused by node '{self.node.id}': {why}"))
+                for k, why in sorted(plan.doomed.items()):
+                    self.counters.doomed += 1
+                    drop[live[k]] = why
+                    await self._emit_error(queue[live[k]].ready,
+                                           Failure(ErrorKind.DEADLINE, f"dropped by node '{self.node.id}': {why}"))
             if drop:  # close the gaps inside the window (a C-level slice move, not per-record Python)
                 kept = [i for i in range(pos, end) if i not in drop]
                 queue[pos:end] = [queue[i] for i in kept]
@@ -516,11 +540,14 @@ class StageWorker(Emitter):
             take = max(1, min(plan.take, self.node.max_batch, end - pos))
             batch = queue[pos:pos + take]
             pos += take
-            await self._run_batch(batch)
+            started = time.perf_counter()
+            seconds = await self._run_batch(batch)
             if pos < len(queue) and self.outbox.count:  # results of this batch leave now, not after the queue
                 sent, futures = await self.outbox.send()
                 self.counters.records_out += sent
                 self._early.extend(futures)
+            if seconds is not None:  # what a batch costs here besides process: assembling, encoding, producing
+                self.policy.observe_overhead(time.perf_counter() - started - seconds)
 
     def _observe(self, size: int, seconds: float) -> None:
         self.executor.observe(seconds)
@@ -529,32 +556,44 @@ class StageWorker(Emitter):
         if self.metrics is not None:
             self.metrics.batch(size, seconds)
 
-    async def _run_batch(self, group: list[Item]) -> None:
-        tensors: dict[str, np.ndarray] = {}
-        first = group[0].ready.tensors
-        for port in first:
-            if len(group) == 1:
-                tensors[port] = first[port]
-            else:
-                tensors[port] = np.concatenate([it.ready.tensors[port] for it in group])
+    async def _run_batch(self, group: list[Item]) -> float | None:
+        """Process one batch and emit its results; the seconds ``process`` took (None when it failed, or
+        when the prediction cache answered every request and ``process`` did not run)."""
         sizes = [next(iter(it.ready.tensors.values())).shape[0] if it.ready.tensors else 1 for it in group]
-        batch = Batch(tensors, sizes, [it.ready.request_id for it in group], [it.ready.headers for it in group])
+        # The prediction cache: hits skip process, the misses run as one smaller batch (flowserve.runtime.cache)
+        looked = self.cache.lookup([it.ready.tensors for it in group],
+                                   [it.ready.headers for it in group]) if self.cache is not None else None
+        todo, todo_sizes = group, sizes
+        if looked is not None and looked.hits:
+            todo = [it for it, e in zip(group, looked.entries, strict=True) if e is None]
+            todo_sizes = [n for n, e in zip(sizes, looked.entries, strict=True) if e is None]
         tokens = [hook.begin(group) for hook in self.hooks] if self.hooks else None
-        self.counters.batches += 1
-        self.counters.last_batch = len(group)
-        try:
-            result, seconds = await self.executor.run(batch)
-            outputs, mask, errors = read_result(self.component, result, batch.rows, node=self.node.id)
-        except Exception as exc:  # noqa: BLE001 - a component bug must not kill the worker
-            if len(group) == 1:
-                await self._dead_letter_item(group[0], Failure(
-                    ErrorKind.COMPONENT_FAILURE, f"{type(self.component).__name__}.process failed: {exc!r}"))
-                return
-            # Isolate the request that broke the batch: retry each one alone.
-            for item in group:
-                await self._run_batch([item])
-            return
-        self._observe(len(group), seconds)
+        outputs: dict[str, np.ndarray] = {}
+        mask: dict[str, np.ndarray] = {}
+        errors: dict[int, str] = {}
+        seconds: float | None = None
+        if todo:
+            batch = _batch_of(todo, todo_sizes, absent=self.join is not None and self.join.kind == "deadline")
+            self.counters.batches += 1
+            self.counters.last_batch = len(todo)
+            try:
+                result, seconds = await self.executor.run(batch)
+                outputs, mask, errors = read_result(self.component, result, batch.rows, node=self.node.id)
+            except Exception as exc:  # noqa: BLE001 - a component bug must not kill the worker
+                if len(group) == 1:
+                    await self._dead_letter_item(group[0], Failure(
+                        ErrorKind.COMPONENT_FAILURE, f"{type(self.component).__name__}.process failed: {exc!r}"))
+                    return None
+                # Isolate the request that broke the batch: retry each one alone (a cached one is looked up,
+                # and counted, again).
+                for item in group:
+                    await self._run_batch([item])
+                return None
+            self._observe(len(todo), seconds)
+        if looked is not None and self.cache is not None:
+            outputs, mask, errors = self.cache.complete(looked, sizes, outputs, mask, errors)
+        if self.held is not None:
+            self.held.processed((it.ready.request_id, it.source) for it in group if it.source)
         await self._emit(group, sizes, outputs, mask, errors)
         done = now_ms()
         for item in group:
@@ -565,6 +604,36 @@ class StageWorker(Emitter):
             outcome = BatchOutcome(sizes, outputs, mask, errors)
             for hook, token in zip(self.hooks, tokens, strict=True):
                 hook.end(token, outcome)
+        return seconds
+
+
+def _batch_of(group: list[Item], sizes: list[int], absent: bool = False) -> Batch:
+    """The requests of ``group`` as one batch: each port's tensors concatenated in order."""
+    first = group[0].ready.tensors
+    if len(group) == 1:
+        tensors = dict(first)
+    else:
+        tensors = {port: np.concatenate([it.ready.tensors[port] for it in group]) for port in first}
+    masks = _absent_masks(group, sizes) if absent else None  # behind a deadline join only
+    return Batch(tensors, sizes, [it.ready.request_id for it in group], [it.ready.headers for it in group],
+                 masks)
+
+
+def _absent_masks(group: list[Item], sizes: list[int]) -> dict[str, np.ndarray] | None:
+    """Per port with an absent input somewhere in the batch, which rows are present (``Batch.present``)."""
+    if not any(it.ready.absent for it in group):
+        return None
+    masks: dict[str, np.ndarray] = {}
+    start = 0
+    for it, rows in zip(group, sizes, strict=True):
+        for port in it.ready.absent:
+            mask = masks.get(port)
+            if mask is None:
+                mask = masks[port] = np.ones(sum(sizes), dtype=bool)
+            mask[start:start + rows] = False
+        start += rows
+    return masks
+
 
 def _timestamp(rec: Any) -> int:
     return rec.timestamp or 0

@@ -167,10 +167,13 @@ def side_topics(topology: Topology) -> list[str]:
 
 
 def topic_configs(topology: Topology) -> dict[str, dict[str, str]]:
-    """Per-topic configs for topic creation: ``retention.ms`` of every topic capture reads, when set."""
+    """Per-topic configs for topic creation: ``retention.ms`` of every topic capture reads, when set, and
+    ``cleanup.policy=compact`` for learning nodes' state topics (the last value per context is the state)."""
+    compact = {topology.state_topic(n): {"cleanup.policy": "compact"}
+               for n, node in topology.nodes.items() if node.component.learns}
     cap = topology.spec.capture
     if cap is None or not cap.enabled or cap.retention_ms is None:
-        return {}
+        return compact
     retention = {"retention.ms": str(cap.retention_ms)}
-    skip = {topology.inputs_topic, topology.outputs_topic, topology.deadletter_topic}
-    return {t: dict(retention) for t in topology.topics() if t not in skip}
+    skip = {topology.inputs_topic, topology.outputs_topic, topology.deadletter_topic, *compact}
+    return {**{t: dict(retention) for t in topology.topics() if t not in skip}, **compact}

@@ -28,7 +28,7 @@ from flowserve.errors import ComponentError, TopologyError, WireError
 
 if TYPE_CHECKING:
     from flowserve.topology.graph import Topology
-    from flowserve.topology.spec import NodeSpec, TopologySpec
+    from flowserve.topology.spec import CacheSpec, NodeSpec, TopologySpec
 
 CHAIN = "flowserve.topology.fuse:Chain"
 
@@ -238,6 +238,9 @@ def fuse_spec(spec: TopologySpec, unfused: Topology, source: str) -> TopologySpe
             wiring = {} if k == 0 else {port: srcs[0].tensor for port, srcs in bindings.items()}
             steps.append({"id": m, "component": ns.component, "params": ns.params, "wiring": wiring})
         head = spec.nodes[members[0]]
+        if head.join.type == "deadline":  # its absent inputs would reach the chain's first step unflagged
+            raise TopologyError(f"fuse.{name}: '{members[0]}' is behind a deadline join, which a chain cannot "
+                                "take; start the chain at the node after it", source=source, node=name)
         specs = [spec.nodes[m] for m in members]
         # The chain batches as its first member that asks for something other than the default, at most as
         # many requests as its most limited member takes (its max_batch, or its component's), on as many
@@ -245,7 +248,8 @@ def fuse_spec(spec: TopologySpec, unfused: Topology, source: str) -> TopologySpe
         batching = next((s.batching for s in specs if s.batching != BatchingSpec()), head.batching)
         fused = NodeSpec(component=CHAIN, params={"steps": steps}, inputs=head.inputs, triggers=head.triggers,
                          join=head.join, batching=batching, replicas=max(s.replicas for s in specs),
-                         max_batch=min(unfused.nodes[m].max_batch for m in members))
+                         max_batch=min(unfused.nodes[m].max_batch for m in members),
+                         cache=_chain_cache(name, members, spec, source))
         for m in members:
             nodes.pop(m)
         nodes[name] = fused
@@ -253,6 +257,25 @@ def fuse_spec(spec: TopologySpec, unfused: Topology, source: str) -> TopologySpe
     rebuilt = {nid: _renamed(ns, rename) for nid, ns in nodes.items()}
     outputs = {k: _ref(v, rename) for k, v in spec.outputs.items()}
     return spec.model_copy(update={"nodes": rebuilt, "outputs": outputs, "fuse": {}})
+
+
+def _chain_cache(name: str, members: list[str], spec: TopologySpec, source: str) -> CacheSpec | None:
+    """A chain is cached as one node when every member declares ``cache:`` (a chain of functions of their
+    inputs is one too): the smallest bound, the shortest TTL, every header a member varies by. Some members
+    only: refused, since what the others compute between the cached ones never leaves the worker."""
+    from flowserve.topology.spec import CacheSpec
+
+    caches = [spec.nodes[m].cache for m in members]
+    if all(c is None for c in caches):
+        return None
+    bare = [m for m, c in zip(members, caches, strict=True) if c is None]
+    if bare:
+        raise TopologyError(f"fuse.{name}: a fused chain is cached as a whole, so every member needs 'cache:' "
+                            f"or none does; '{bare[0]}' has none", source=source, node=bare[0])
+    ttls = [c.ttl_s for c in caches if c is not None and c.ttl_s is not None]
+    vary = list(dict.fromkeys(h for c in caches if c is not None for h in c.vary))
+    return CacheSpec(max_mb=min(c.max_mb for c in caches if c is not None), ttl_s=min(ttls) if ttls else None,
+                     vary=vary)
 
 
 def _check_chain(name: str, members: list[str], unfused: Topology, spec: TopologySpec, source: str) -> None:

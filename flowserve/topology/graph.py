@@ -20,7 +20,7 @@ from flowserve.errors import ComponentError, FlowserveError, TopologyError
 from flowserve.topology import names
 from flowserve.topology.capture import captured_ports, side_topics
 from flowserve.topology.parity import parity_node, readers_of
-from flowserve.topology.spec import JoinSpec, TopologySpec, load_spec, load_spec_text
+from flowserve.topology.spec import CacheSpec, JoinSpec, TopologySpec, load_spec, load_spec_text
 
 OUTPUTS_NODE = "outputs"
 #: JoinSpec.window_ms's upper bound; a longer topology deadline must not break the implicit Collect join.
@@ -55,6 +55,8 @@ class Node:
     #: input topics where a request's first record wins and a later one is dropped as a duplicate (the
     #: outputs of a parity-protected node: a reconstructed output and the late real one; flowserve.parity).
     first_wins: frozenset[str] = frozenset()
+    #: the node's prediction cache (flowserve.runtime.cache), when its YAML asks for one
+    cache: CacheSpec | None = None
 
     @property
     def sources(self) -> list[Source]:
@@ -131,6 +133,19 @@ class Topology:
         """What features did on their own (the tuner's scaling, the parity decoder's reconstructions)."""
         return names.actions_topic(self.base)
 
+    @property
+    def feedback_topic(self) -> str:
+        """The true outputs of answered requests (``flowserve.wire.feedback``)."""
+        return names.feedback_topic(self.base)
+
+    def decisions_topic(self, node_id: str) -> str:
+        """What learning node ``node_id`` decided per request (``Component.learns``)."""
+        return names.decisions_topic(self.base, node_id)
+
+    def state_topic(self, node_id: str) -> str:
+        """What learning node ``node_id`` learned, per context (a compacted topic)."""
+        return names.state_topic(self.base, node_id)
+
     def side_topic(self, name: str) -> str:
         """Where a component's side reports go (``Component.side_output``)."""
         return names.side_topic(self.base, name)
@@ -144,11 +159,15 @@ class Topology:
 
     def topics(self) -> list[str]:
         """Every topic this topology writes or reads that it owns (not other topologies' outputs)."""
-        owned = [self.inputs_topic, self.outputs_topic, self.deadletter_topic, self.metrics_topic]
+        owned = [self.inputs_topic, self.outputs_topic, self.deadletter_topic, self.metrics_topic,
+                 self.feedback_topic]
         for node in self.nodes.values():
             owned.extend(node.output_topics.values())
             owned.extend(node.capture_topics.values())
         owned.extend(side_topics(self))
+        for node in self.nodes.values():
+            if node.component.learns:
+                owned.extend((self.decisions_topic(node.id), self.state_topic(node.id)))
         protected = [n for n, s in self.spec.nodes.items() if s.parity is not None]
         owned.extend(names.parity_query_topic(self.base, n) for n in protected)
         if protected:  # parity decoders record each reconstruction's group in lineage, and as an action
@@ -210,6 +229,21 @@ class Collect(Component):
 
     def process(self, batch: Batch) -> dict[str, Any]:
         return dict(batch)
+
+
+def _check_deadline_join(component: Component, node_id: str, source: str) -> None:
+    """A deadline join hands its component zero-filled rows for absent inputs: it must say it copes, and
+    each input port's row shape must be fixed so that the join can fill it."""
+    if not component.accepts_absent:
+        raise TopologyError(
+            f"'join: {{type: deadline}}' may leave inputs absent, and {type(component).__name__} does not declare "
+            "'accepts_absent'; use a combiner that does (e.g. flowserve_components.ensemble:Average) or another "
+            "join type", source=source, node=node_id)
+    for port, spec in component.inputs.items():
+        if any(d < 0 for d in spec.shape[1:]):
+            raise TopologyError(
+                f"input port '{port}' has shape {list(spec.shape)}: a deadline join fills absent inputs with "
+                "zeros, so every dimension after the first must be fixed", source=source, node=node_id)
 
 
 def _parse_ref(ref: str, spec: TopologySpec, nodes: dict[str, Component], node_id: str, source: str) -> Source:
@@ -323,6 +357,8 @@ def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
                 f"add them under 'inputs'",
                 source=source, node=node_id,
             )
+        if node_spec.join.type == "deadline":
+            _check_deadline_join(component, node_id, source)
         node_bindings: dict[str, tuple[Source, ...]] = {}
         for port, refs in node_spec.inputs.items():
             ref_list = [refs] if isinstance(refs, str) else list(refs)
@@ -422,6 +458,7 @@ def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
                            if (node_id, p) in consumed},
             emits_outputs={name: src.tensor for name, src in outputs.items()} if node_id == single else {},
             capture_topics=captured.get(node_id, {}),
+            cache=node_spec.cache,
         )
     if single is None:
         ports = {name: src.port or Port("BYTES", (-1,)) for name, src in outputs.items()}

@@ -12,9 +12,15 @@ Every name starts with a topology's *base*, ``<prefix>.<topology>`` (prefix ``fs
     <base>.lineage             lineage records (capture)
     <base>.actions             what features did on their own: the tuner's scaling, the parity decoder's
                                reconstructions (JSON: ts_ms, source, node, action; ``flowserve ui`` shows them)
+    <base>.feedback            the true outputs of answered requests (flowserve.wire.feedback), from the
+                               gateway's feedback endpoint or any Kafka client
+    <base>.<node>.decisions    what a learning node decided per request (flowserve.selection), joined to feedback
+    <base>.<node>.state        what a learning node learned, per context (compacted: the last value per key)
     <base>.<side>              a component's side reports, e.g. ``<base>.drift``
     <base>.<node>.parity       parity queries for a parity-protected node (flowserve.parity)
     <base>.<node>-parity.<p>   the parity model's outputs (its node id is ``<node>-parity``)
+    <base>.<node>.shadow.<p>   a shadow version's outputs (flowserve.learning: its node id is ``<node>-shadow``;
+                               never read by the topology, so it never answers callers)
 
 A node's consumer group is ``<base>.<node>``. Names are plain functions of strings, so tools that know
 only a topology's name and prefix (``flowserve inspect``, the capture reader) form the same names.
@@ -29,6 +35,7 @@ METRICS = "metrics"
 CONTROL = "control"
 LINEAGE = "lineage"
 ACTIONS = "actions"
+FEEDBACK = "feedback"
 REPLIES = "replies"
 
 #: the topics of a topology that are not edges (``flowserve inspect`` hides these by default).
@@ -66,6 +73,25 @@ def lineage_topic(base: str) -> str:
 
 def actions_topic(base: str) -> str:
     return f"{base}.{ACTIONS}"
+
+
+def feedback_topic(base: str) -> str:
+    """Feedback: the true outputs of answered requests, keyed by request id (:mod:`flowserve.wire.feedback`)."""
+    return f"{base}.{FEEDBACK}"
+
+
+DECISIONS = "decisions"
+STATE = "state"
+
+
+def decisions_topic(base: str, node: str) -> str:
+    """A learning node's decisions per request (``Component.learns``): ``<base>.<node>.decisions``."""
+    return f"{base}.{node}.{DECISIONS}"
+
+
+def state_topic(base: str, node: str) -> str:
+    """A learning node's learned state per context, compacted: ``<base>.<node>.state``."""
+    return f"{base}.{node}.{STATE}"
 
 
 def side_topic(base: str, name: str) -> str:
@@ -114,3 +140,18 @@ def parity_output_topic(base: str, node: str, port: str) -> str:
 def decoder_group(base: str, node: str) -> str:
     """The consumer group of ``node``'s parity decoder."""
     return f"{base}.{node}.decoder"
+
+
+#: the suffix of a node's shadow version (continual learning, flowserve.learning).
+SHADOW = "shadow"
+
+
+def shadow_node(node: str) -> str:
+    """The id of ``node``'s shadow: a side branch running a candidate version on a copy of its inputs."""
+    return f"{node}-{SHADOW}"
+
+
+def shadow_topic(base: str, node: str, port: str) -> str:
+    """The shadow version of ``node``'s output ``port``: ``<base>.<node>.shadow.<port>`` (read by nobody in the
+    topology: ``flowserve versions`` compares it with the live outputs)."""
+    return f"{base}.{node}.{SHADOW}.{port}"

@@ -21,11 +21,22 @@ class _Strict(BaseModel):
 
 
 class JoinSpec(_Strict):
-    """How a node with several input topics (or triggers) waits for them, per request."""
+    """How a node with several input topics (or triggers) waits for them, per request.
 
-    type: Literal["inner", "outer", "any"] = "inner"
-    #: inner: give up (error result) after this; outer: go with what arrived after this.
+    ``deadline`` (an ensemble's join) goes when every input is in, or when ``fraction`` of the request's
+    remaining deadline (its ``fs-deadline`` header, from its first arrival here) has passed, with the
+    inputs that arrived; a request without a deadline waits ``timeout_ms``. Absent inputs reach the
+    component zero-filled and flagged (``Batch.present``); it must declare ``accepts_absent``.
+    """
+
+    type: Literal["inner", "outer", "any", "deadline"] = "inner"
+    #: inner: give up (error result) after this; outer: go with what arrived after this; deadline: the
+    #: longest any request waits, whatever its deadline says.
     window_ms: int = Field(5000, gt=0, le=3_600_000)
+    #: deadline only: the share of the request's remaining deadline the join waits for slow inputs.
+    fraction: float = Field(0.8, gt=0, le=1)
+    #: deadline only: how long a request that carries no deadline waits for slow inputs.
+    timeout_ms: int = Field(1000, gt=0, le=3_600_000)
 
 
 class PortSpec(_Strict):
@@ -46,6 +57,32 @@ class BatchingSpec(_Strict):
     hop_ms: float = Field(2.0, ge=0, le=60_000)
 
 
+class CacheSpec(_Strict):
+    """A prediction cache (flowserve.runtime.cache): outputs kept by a hash of the inputs and the version.
+
+    On a node: the worker answers a repeated input without ``process``. At the top level: the gateway
+    answers a repeated request without a Kafka round trip. Only for outputs that are a function of the
+    input tensors (and the component's version), not of headers, time or randomness.
+    """
+
+    #: bound on the bytes of cached outputs (and keys); the least recently used entries go first.
+    max_mb: float = Field(64.0, gt=0, le=1_048_576)
+    #: an entry older than this is a miss (None: kept until evicted or the version changes).
+    ttl_s: float | None = Field(None, gt=0)
+    #: request headers the outputs depend on (e.g. ``x-user`` for a per-user selector): part of the key.
+    vary: list[str] = Field(default_factory=list)
+
+    @field_validator("vary")
+    @classmethod
+    def _header_names(cls, names: list[str]) -> list[str]:
+        import re
+
+        for name in names:
+            if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_-]*$", name):
+                raise ValueError(f"'{name}' is not a header name")
+        return [n.lower() for n in names]  # headers travel lower-cased (HTTP and Kafka alike)
+
+
 class NodeSpec(_Strict):
     component: str
     params: dict[str, Any] = Field(default_factory=dict)
@@ -63,6 +100,9 @@ class NodeSpec(_Strict):
     nice: int | None = Field(None, ge=0, le=19)
     #: coded redundancy (ParM): a parity model node hides this node's slow or failed workers.
     parity: ParitySpec | None = None
+    #: cache this node's outputs by its input tensors and version (``cache: {max_mb: 64, ttl_s: 60}``).
+    #: Only for outputs that are a function of the inputs (and of the headers named under ``vary``).
+    cache: CacheSpec | None = None
 
 
 class TopologySpec(_Strict):
@@ -86,6 +126,8 @@ class TopologySpec(_Strict):
     capture: CaptureSpec | None = None
     #: chains of nodes run as one node, in one worker, the edges inside in memory (flowserve.topology.fuse).
     fuse: dict[str, list[str]] = Field(default_factory=dict)
+    #: the gateway's response cache for this topology (a repeated request is answered without Kafka).
+    cache: CacheSpec | None = None
 
     @field_validator("nodes")
     @classmethod
@@ -99,6 +141,20 @@ class TopologySpec(_Strict):
                 raise ValueError(f"node id '{node_id}' is reserved; rename the node")
         if not nodes:
             raise ValueError("a topology needs at least one node")
+        return nodes
+
+    @field_validator("nodes")
+    @classmethod
+    def _join_options(cls, nodes: dict[str, NodeSpec]) -> dict[str, NodeSpec]:
+        for node_id, node in nodes.items():
+            join = node.join
+            own = {"fraction", "timeout_ms"} & join.model_fields_set
+            if own and join.type != "deadline":
+                raise ValueError(f"node '{node_id}': join option(s) {', '.join(sorted(own))} apply to "
+                                 f"'type: deadline' only, not '{join.type}'")
+            if join.type == "deadline" and node.triggers:
+                raise ValueError(f"node '{node_id}': a deadline join waits on data inputs only; move the "
+                                 "triggers to another node or use another join type")
         return nodes
 
     @field_validator("fuse")

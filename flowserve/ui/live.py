@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowserve.runtime.metrics import COUNTERS
+from flowserve.runtime.metrics import CACHE_COUNTERS, COUNTERS
 
 #: a node whose newest snapshot is older than this is shown as down
 STALE_S = 15.0
@@ -64,6 +64,9 @@ def fold(node: str, snaps: list[dict[str, Any]], now_ms: int) -> NodeFigures:
         figures.wait_p99_ms = max(figures.wait_p99_ms, float(wait.get("p99", 0)))
         for key in COUNTERS:
             figures.counters[key] += int(c.get(key, 0) or 0)
+        for key in CACHE_COUNTERS:  # only nodes with a prediction cache report these
+            if key in c:
+                figures.counters[key] = figures.counters.get(key, 0) + int(c[key] or 0)
     figures.batch_mean = figures.batch_mean / batches if batches else 0.0
     return figures
 

@@ -36,6 +36,9 @@ H_REPLY_TO = "fs-reply-to"
 H_RECONSTRUCTED = "fs-reconstructed"
 #: on a parity query: its members as JSON ``[[request_id, {header: latin-1 value}], ...]``
 H_PARITY_MEMBERS = "fs-parity-members"
+#: on a record computed by a registered model version (flowserve.learning): ``<node>=<version>``, so a reply
+#: says which version answered it
+H_MODEL_VERSION = "fs-model-version"
 
 #: Headers that are not copied from an input record to the records a node derives from it.
 _NOT_INHERITED = frozenset({H_ERROR, H_ERROR_KIND, H_NODE})

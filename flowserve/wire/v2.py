@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from flowserve.errors import WireError
+from flowserve.wire import jsoncodec
 from flowserve.wire.tensors import DATATYPES, as_bytes_array, datatype_of, encode_payload
 
 #: The binary extension's header (lower-cased, as HTTP header lookups here use it).
@@ -180,7 +181,7 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
 def _object(body: bytes | str | Mapping[str, Any], what: str, kind: str = "request") -> Mapping[str, Any]:
     if isinstance(body, bytes | str):
         try:
-            body = json.loads(body)
+            body = jsoncodec.loads(body)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             raise WireError(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(body, Mapping):
@@ -301,6 +302,7 @@ def encode_response(model: str, version: str, request_id: str, tensors: Mapping[
     names = list(request.outputs) or list(tensors)
     outputs: list[dict[str, Any]] = []
     blobs: list[bytes] = []
+    finite = True
     for name in names:
         array = tensors.get(name)
         if array is None:
@@ -311,11 +313,12 @@ def encode_response(model: str, version: str, request_id: str, tensors: Mapping[
             blobs.append(raw)
         else:
             outputs.append(tensor_to_v2(name, array))
+            finite = finite and (array.dtype.kind != "f" or bool(np.isfinite(array).all()))
     doc: dict[str, Any] = {"model_name": model, "model_version": version, "id": request_id}
     if parameters:
         doc["parameters"] = dict(parameters)
     doc["outputs"] = outputs
-    body = json.dumps(doc, separators=(",", ":")).encode()
+    body = jsoncodec.dumps(doc, finite=finite)
     if not blobs:
         return body, None
     return body + b"".join(blobs), len(body)

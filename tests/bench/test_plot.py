@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,11 +12,97 @@ from flowserve.cli import build_parser
 
 pytest.importorskip("matplotlib")
 
-CELLS = {"poisson@0.5": 1.0, "poisson@0.8": 0.999, "bursty@0.5": 0.98, "bursty@0.8": None}
+BATCHING_POLICIES = ("static-1", "static-8", "static-32", "timeout-32/10ms", "adaptive")
+
+
+def _batching_cell(arrival: str, load: float) -> dict[str, Any]:
+    """One cell of ``flowserve.bench.batching``'s result (values made up)."""
+    policies = {p: {"attainment": 0.99 - 0.1 * load * i, "interval": [0.98 - 0.1 * load * i, 1.0 - 0.1 * load * i],
+                    "sent": 600, "outcomes": {"within": 590, "late": 10, "refused": 0, "deadline": 0, "failed": 0,
+                                              "lost": 0},
+                    "worker": {"refused": 0, "doomed": 0, "expired": 0, "late": 10, "batches": 80},
+                    "mean_batch": 4.0 * (i + 1), "p99_ms_worst_slice": None if (i, load) == (0, 0.95) else 5.0 + i,
+                    "throughput_rps": 200.0 * load}
+                for i, p in enumerate(BATCHING_POLICIES)}
+    diffs = {p: [0.01, -0.002, 0.02] for p in BATCHING_POLICIES[:-1]}
+    return {"arrival": arrival, "load": load, "rate": 300.0 * load, "policies": policies, "best_other": "static-32",
+            "diff_vs_best": diffs["static-32"], "diffs": diffs, "dominates": True}
+
+
+def _learn_results() -> dict[str, dict[str, Any]]:
+    """Results of the four ``learn-*`` benches, from their code (values made up)."""
+    cache = {"workload": "learn-cache", "zipf_s": 1.05, "hit_rate": 0.49, "hit_rate_offline": 0.5, "capacity": 64,
+             "concurrency": 8, "slice_s": 2.0, "rounds": 4,
+             "table": {"cache": {"rps": 900.0, "p50_ms": 3.0, "hit_p50_ms": 0.6, "miss_p50_ms": 6.0, "p99_ms": 12.0,
+                                 "cpu_ms_per_request": {"gateway": 0.3, "workers": 0.8, "loadgen": 0.2}},
+                       "nocache": {"rps": 500.0, "p50_ms": 5.5, "p99_ms": 11.0,
+                                   "cpu_ms_per_request": {"gateway": 0.2, "workers": 1.5, "loadgen": 0.2}}},
+             "throughput_ratio": [1.8, 1.7, 1.9], "hit_p50_over_miss_p50": [0.11, 0.1, 0.12],
+             "targets": {"hit_latency_le_half_miss": True, "throughput_2x_at_50pct_hits": False}}
+    branches = {"mlp": "digits-mlp", "small": "digits-mlp-small", "cnn": "digits-cnn"}
+    selection = {
+        "workload": "learn-selection", "simulated": False, "requests": 8000, "change_at": 2000, "wave": 32,
+        "gamma": 0.03, "eta": 0.1, "sigma": 0.6, "branches": branches, "degraded": "mlp",
+        "branch_accuracy_before": {"mlp": 0.97, "small": 0.93, "cnn": 0.98},
+        "branch_accuracy_after": {"mlp": 0.6, "small": 0.93, "cnn": 0.98},
+        "branch_accuracy": {"mlp": 0.69, "small": 0.93, "cnn": 0.98}, "best_branch": "cnn",
+        "selector_accuracy": 0.96, "gap_vs_best": [-0.02, -0.03, -0.01], "decisions_read_back": 8000,
+        "selector_counters": {"decisions": 8000, "feedback_learned": 8000, "feedback_expired": 0, "state_records": 3},
+        "windows": [{"from": lo - 2000, "to": lo + 250 - 2000, "degraded_share": 0.3 if lo < 2000 else 0.05,
+                     "accuracy": 0.96} for lo in range(0, 8000, 250)],
+        "degraded_share_window_ending_2000": 0.05,
+        "targets": {"degraded_share_lt_10pct_within_2000": True, "accuracy_within_2pts_of_best": True}}
+    ensemble = {
+        "workload": "learn-ensemble",
+        "config": {"rate": 10.0, "slice_s": 6.0, "passes": 2, "deadline_ms": 4000, "fraction": 0.6,
+                   "stall_share": 0.05},
+        "sides": {"deadline": {"sent": 900, "answered": [0.999, 0.997, 1.0], "accuracy": [0.97, 0.96, 0.98],
+                               "partial": 45, "accuracy_of_answered": 0.971, "errors": {}},
+                  "inner": {"sent": 900, "answered": [0.95, 0.94, 0.96], "accuracy": [0.92, 0.9, 0.94],
+                            "partial": 0, "accuracy_of_answered": 0.97, "errors": {"TIMEOUT": 45}}},
+        "members": {"mlp": 0.96, "cnn": 0.975, "small": 0.93}, "best_member": "cnn", "join_late": 3,
+        "targets": {"answers_ge_99_9pct": True, "accuracy_ge_best_member": False}}
+    phases = [("pre-drift", 0.96, "base"), ("drift", 0.7, "base"), ("feedback", 0.72, "base"), ("learn", None, "base"),
+              ("shadow", 0.7, "base"), ("promote", 0.9, "base/v1"), ("post-promote", 0.95, "v1")]
+    continual = {
+        "workload": "learn-continual", "shift": {"kind": "brightness", "amount": 6.0},
+        "timeline": [{"phase": name, "requests": 0 if acc is None else 450, "errors": 0, "accuracy": acc,
+                      "accuracy_ci95": None if acc is None else [acc - 0.02, acc + 0.02], "version_live": version,
+                      "p50_ms": None if acc is None else 4.0, "note": "..."} for name, acc, version in phases],
+        "pre_drift_accuracy": 0.96, "drifted_accuracy": 0.7, "shadow_accuracy": 0.94, "recovered_accuracy": 0.95,
+        "gap_pts": 1.0, "gap_pts_ci95": [-0.5, 2.5], "promoted": True, "requests": 3000, "errors": 0,
+        "duplicate_replies": 0, "training": {"examples": 600, "fit_accuracy_before": 0.7, "fit_accuracy_after": 0.95},
+        "targets": {"recovers_within_3pts": True}}
+    return {"learn-cache": cache, "learn-selection": selection, "learn-ensemble": ensemble,
+            "learn-continual": continual}
+
+
+LEARN = _learn_results()
 RESULTS = {
-    "batching": {"workload": "batching", "slo_ms": 50, "policies": {
-        p: {"max_rps": 900.0, "attainment": CELLS, "p99_ms": {k: 20.0 for k in CELLS}, "throughput_rps": {}}
-        for p in ("adaptive", "static-8", "static-32")}},
+    "batching": {"workload": "batching", "capacity_rps": 300.0, "slo_ms": 50.0, "lone_latency_ms": 5.0,
+                 "per_request_ms_batch1": 1.0, "per_request_ms_batch32": 0.1, "cell_seconds": 3.0, "rounds": 4,
+                 "max_rps": {p: 900.0 for p in BATCHING_POLICIES},
+                 "adaptive_max_rps_ratio_to_best_static": [1.0, 0.95, 1.05],
+                 "cells": [_batching_cell(a, load) for a in ("poisson", "bursty") for load in (0.1, 0.5, 0.8, 0.95)],
+                 "not_dominated_in": [], "targets": {}, "drain_rps_static32": 900.0, "capacity_method": "..."},
+    "broker": {"workload": "broker", "topology": "digits-fused", "slice_seconds": 2.0, "rounds": 4, "brokers": {
+        label: {"kind": kind, "start_s": 3.0, "start_cpu_s": 5.0, "rss_mb_at_end": 400.0,
+                "levels": {str(lvl): {"rps": (50.0 - 10 * i) * lvl, "p50_ms": 2.0, "p99_ms": 5.0,
+                                      "broker_cpu_us_per_request": 90, "failed": 0} for lvl in (1, 8, 32, 128)},
+                "history": {"history_batches": 10000,
+                            "before": {"done": 300, "of": 300, "p50_ms": 1.0, "p99_ms": 3.0,
+                                       "broker_cpu_us_per_record": 80},
+                            "after": {"done": 20, "of": 300, "p50_ms": None, "p99_ms": None,
+                                      "broker_cpu_us_per_record": 900}}}
+        for i, (label, kind) in enumerate((("default", "kafka-dev"), ("kafka", "kafka"), ("tansu", "tansu")))},
+        "throughput_over_kafka": {label: {str(lvl): [r, r - 0.05, r + 0.05] for lvl in (1, 8, 32, 128)}
+                                  for label, r in (("default", 0.95), ("tansu", 0.6))},
+        "targets": {"default_ge_0_8x_kafka": True}},
+    **LEARN,
+    # ``flowserve bench learn`` (flowserve.bench._learn): each part under its key, its targets taken out
+    "learn": {"workload": "learn", "targets": {}} | {
+        part: {k: v for k, v in LEARN[f"learn-{part}"].items() if k != "targets"}
+        for part in ("cache", "selection", "ensemble", "continual")},
     "gateway": {"workload": "gateway", "topologies": {
         t: {c: {str(lvl): {"rps": 100.0 * lvl, "p50_ms": 2.0, "p99_ms": 5.0 + lvl, "errors": 0}
                 for lvl in (1, 8, 64)} for c in ("gateway", "async")} for t in ("digits", "ensemble")}},
@@ -39,6 +126,11 @@ RESULTS = {
     "scale": {"workload": "scale", "cpu": {"consumers_1": {"throughput_rps": 100.0},
                                            "consumers_2": {"throughput_rps": 180.0},
                                            "ratio_2_over_1": {"point": 1.8, "low": 1.7, "high": 1.9}}},
+    "chaos": {"workload": "chaos", "seconds": 600.0, "lost": 0,
+              "faults": [{"at_s": 12.5, "kind": "kill-worker", "target": "model#0", "note": ""},
+                         {"at_s": 40.1, "kind": "stop-worker", "target": "pre#0", "note": "3.0 s"}],
+              "http": {"sent": 100, "ok": 95, "error": 0, "failed": 5, "unanswered": 0},
+              "async": {"sent": 100, "ok": 100, "error": 0, "lost": 0, "duplicates_dropped": 2}},
     "other": {"workload": "other", "a": 1.0, "b": 2},
 }
 

@@ -107,10 +107,10 @@ def test_ensemble_wiring() -> None:
     nodes = _nodes(t)
     assert nodes["mlp"][1] == nodes["cnn"][1] == {"x": ["pre.x"]}
     assert nodes["avg"] == (
-        "flowserve_components.ensemble:Average", {"a": ["mlp_probs.probs"], "b": ["cnn_probs.probs"]}
+        "flowserve_components.ensemble:Average", {"mlp": ["mlp_probs.probs"], "cnn": ["cnn_probs.probs"]}
     )
-    assert t.nodes["avg"].join.type == "inner" and t.nodes["avg"].needs_join
-    assert set(t.outputs) == {"label", "probs"}
+    assert t.nodes["avg"].join.type == "deadline" and t.nodes["avg"].needs_join
+    assert set(t.outputs) == {"label", "probs", "missing"}
 
 
 def test_echo_has_one_port_per_datatype() -> None:

@@ -64,3 +64,28 @@ async def test_impossible_deadlines_are_refused_and_feasible_ones_served(kafka, 
     assert snaps[0]["counters"]["refused"] == 5
     assert snaps[0]["metrics"]["requests.refused"] == 5
     assert snaps[0]["metrics"]["batch.size"]["count"] >= 1
+
+
+async def test_a_request_doomed_by_the_queue_ahead_gets_a_deadline_error_at_once(kafka, write_topology) -> None:
+    """Clockwork's early drop: the profile says a batch of b takes 5b s. Behind 4 requests, one due in 15 s
+    finishes at 25 s at best, so it is answered now with kind ``deadline``; alone (5 s) it would have made
+    it, so it is not refused. The 4 ahead, due in 5 minutes, are served."""
+    path = write_topology(TOPOLOGY.replace("partitions: 2", "partitions: 1"))
+    save_profiles(profile_path(path), {"slow": ExecProfile({1: 5.0, 16: 80.0}).to_dict()},
+                  topology=path.stem, device="cpu")
+    topology = load_topology(path)
+    x = np.ones((1, 4), np.float32)
+    async with InlineHost(topology, kafka) as host, TopologyClient(topology, kafka) as client:
+        worker = host.workers[0]
+        await wait_ready(client, {"x": x})
+        rids = [f"head-{i}" for i in range(4)] + ["doomed"]
+        waiting = {rid: client.expect(rid) for rid in rids}
+        for rid in rids:  # one produce request on one partition: the worker fetches all five together
+            await client.queue({"x": x}, request_id=rid, timeout_ms=15_000 if rid == "doomed" else 300_000)
+        await client.flush()
+        replies = dict(zip(waiting, await asyncio.wait_for(asyncio.gather(*waiting.values()), 60), strict=True))
+        doomed = replies.pop("doomed")
+        assert doomed.error_kind == ErrorKind.DEADLINE and doomed.error is not None
+        assert "dropped by node 'slow'" in doomed.error and "4 requests ahead" in doomed.error
+        assert all(r.error is None for r in replies.values())
+        assert (worker.counters.doomed, worker.counters.refused) == (1, 0)

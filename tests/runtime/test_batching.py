@@ -144,11 +144,13 @@ def test_a_tight_request_further_back_bounds_the_batch_when_that_saves_it() -> N
 
 
 def test_a_tight_request_that_cannot_make_it_behind_older_ones_does_not_hold_back_the_batch() -> None:
-    """Behind 4 older requests (4 ms) the one due in 4.5 ms misses however the queue is cut; it could still
-    make it alone, so it is not refused, and the batch is not shrunk for nothing."""
+    """Behind 4 older requests the one due in 4.5 ms misses however the queue is cut (at best in a batch of 5:
+    5 ms); it could make it alone, so it is not refused: it is doomed (a deadline error now), and the batch
+    is not shrunk for it."""
     policy = SLOPolicy(max_batch=64, profile=linear(), budget=EXACT)
     queue = [NOW + 100] * 4 + [NOW + 4.5] + [NOW + 100] * 4
-    assert policy.plan(queue, NOW) == Plan(take=9)
+    plan = policy.plan(queue, NOW)
+    assert (plan.take, plan.refuse, list(plan.doomed)) == (8, {}, [4])
 
 
 def test_none_deadline_never_limits_a_batch() -> None:
@@ -181,16 +183,20 @@ def test_admission_counts_the_downstream_stages_fastest_path() -> None:
     assert "+ 12.0 ms downstream" in policy.plan([NOW + 5], NOW).refuse[0]
 
 
-def test_predicted_queueing_alone_never_refuses() -> None:
-    """Refusal is for requests that could not make it even if run next: queueing predictions are estimates
-    (and earlier requests may yet be refused or expire), so deep requests wait for their turn."""
+def test_predicted_queueing_dooms_only_what_cannot_make_it_even_at_full_batches() -> None:
+    """Refusal (kind ``refused``) is for requests that could not make it even if run next; a request that
+    could, but not behind the queue ahead of it even worked off in full batches at their median, is doomed
+    (answered at once, kind ``deadline``): its work goes to those that can still make it (Clockwork)."""
     policy = SLOPolicy(max_batch=4, profile=ExecProfile({1: 0.010, 4: 0.010}), budget=EXACT)
-    # every batch of 4 takes 10 ms; deadlines 25 ms out: the third batch is predicted to miss, yet could
-    # make it if run next: nothing is refused
-    assert policy.plan([NOW + 25] * 12, NOW) == Plan(take=4)
-    # ... until it is at the head with less than a batch-1 time left
+    # every batch of 4 takes 10 ms; deadlines 25 ms out: the third batch ends at 30 ms at best
+    plan = policy.plan([NOW + 25] * 12, NOW)
+    assert (plan.take, plan.refuse, sorted(plan.doomed)) == (4, {}, [8, 9, 10, 11])
+    assert "8 requests ahead" in plan.doomed[8]
+    # 30 ms left: the third batch can still make it, so nothing is doomed
+    assert policy.plan([NOW + 30] * 12, NOW) == Plan(take=4)
+    # at the head with less than a batch-1 time left: refused, not doomed
     plan = policy.plan([NOW + 9.9] * 4, NOW)
-    assert plan.take == 0 and sorted(plan.refuse) == [0, 1, 2, 3]
+    assert plan.take == 0 and sorted(plan.refuse) == [0, 1, 2, 3] and not plan.doomed
 
 
 def test_grows_to_a_full_batch_when_the_queue_behind_would_lose_more() -> None:
@@ -204,8 +210,10 @@ def test_grows_to_a_full_batch_when_the_queue_behind_would_lose_more() -> None:
     assert policy.plan(queue[:20], NOW) == Plan(take=16)
     # two full batches queued (a backlog) always take a full batch, even where the estimate says otherwise
     tight = [NOW + 1.5] * 20 + [NOW + 100] * 12
-    assert policy.plan(tight, NOW) == Plan(take=16)
-    assert policy.plan(tight + [NOW + 100] * 32, NOW) == Plan(take=32)
+    plan = policy.plan(tight, NOW)  # 16 tight ones fit in 1.48 ms; the 17th to 20th cannot make it behind them
+    assert (plan.take, sorted(plan.doomed)) == (16, [16, 17, 18, 19])
+    # ... the doomed set aside, two full batches still queued (a backlog): a full batch
+    assert policy.plan(tight + [NOW + 100] * 36, NOW).take == 32
 
 
 def test_queued_batches_are_predicted_at_their_p50_the_chosen_one_at_its_p99() -> None:
@@ -414,3 +422,24 @@ def test_without_deadlines_aimd_takes_what_is_queued() -> None:
     plan = policy.plan([None] * 100, 0.0)
     assert plan.take == 64 and not plan.refuse
     assert policy.plan([None] * 10, 0.0).take == 10
+
+
+def test_seeds_move_with_the_live_runs_at_sizes_not_run_live() -> None:
+    """A profile taken while the machine was 10x slower: once sizes 1 and 2 run live at a tenth of their
+    seeds, the seeded size 64 is predicted at a tenth too, not kept at its stale figure."""
+    profile = ExecProfile({1: 0.010, 2: 0.012, 64: 0.100}, min_live=10)
+    for _ in range(10):
+        profile.observe(1, 0.001)
+        profile.observe(2, 0.0012)
+    assert profile.p99(64) == pytest.approx(0.010)
+    assert profile.p99(1) == pytest.approx(0.001)
+    assert profile.p50(64) == pytest.approx(0.010)
+
+
+def test_a_larger_batch_is_never_predicted_dearer_per_request() -> None:
+    """A sweep disturbed at batch 32 (6 ms a request there, 1 ms alone) must not make the policy believe
+    that 32 requests take 190 ms: they could run as 32 batches of one."""
+    profile = ExecProfile({1: 0.001, 32: 0.190, 256: 0.500})
+    assert profile.p99(32) == pytest.approx(0.032)
+    assert profile.p99(256) == pytest.approx(0.256)
+    assert profile.p99(16) <= 16 * profile.p99(1)

@@ -84,3 +84,22 @@ class Count(Component):
 
     def process(self, batch: Batch) -> dict[str, np.ndarray]:
         return {"n": batch["label"] + 1}
+
+
+class Mean(Component):
+    """The mean of three FP32 [-1, 4] inputs over those present (behind a deadline join)."""
+
+    inputs: ClassVar[dict[str, Port]] = {"a": VEC, "b": VEC, "c": VEC}
+    outputs: ClassVar[dict[str, Port]] = {"y": VEC}
+    accepts_absent: ClassVar[bool] = True
+
+    def process(self, batch: Batch) -> dict[str, np.ndarray]:
+        present = np.stack([batch.present(p) for p in "abc"], axis=1).astype(np.float32)
+        total = sum(batch[p] * present[:, i:i + 1] for i, p in enumerate("abc"))
+        return {"y": total / np.maximum(present.sum(axis=1, keepdims=True), 1)}
+
+
+class Sum3(Mean):
+    """Mean's ports without ``accepts_absent``: a deadline join must refuse it."""
+
+    accepts_absent: ClassVar[bool] = False

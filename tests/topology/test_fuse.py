@@ -176,7 +176,7 @@ def test_compiled_shape(tmp_path: Path) -> None:
     assert {name: (s.ref, s.node, s.topic) for name, s in t.outputs.items()} == {
         "lo": ("f.lo", "f", "fs.t.f.lo"), "y": ("d.x", "d", "fs.t.d.x")}
     assert set(t.topics()) == {"fs.t.inputs", "fs.t.outputs", "fs.t.deadletter", "fs.t.metrics",
-                               "fs.t.f.lo", "fs.t.f.hi", "fs.t.d.x"}
+                               "fs.t.feedback", "fs.t.f.lo", "fs.t.f.hi", "fs.t.d.x"}
     unfused = load(tmp_path, BASE)
     assert {"fs.t.a.x", "fs.t.b.x"} <= set(unfused.topics())
     assert t.spec.fuse == {} and set(t.spec.nodes) == {"f", "d"}
@@ -196,7 +196,8 @@ def test_consecutive_chains(tmp_path: Path) -> None:
     assert [s.ref for s in t.nodes["g"].bindings["x"]] == ["f.x"]
     assert t.nodes["g"].emits_outputs == {"y": "x"}
     assert t.nodes["g"].component.steps[1][0].wiring == {"x": "hi"}  # type: ignore[attr-defined]
-    assert set(t.topics()) == {"fs.t.inputs", "fs.t.outputs", "fs.t.deadletter", "fs.t.metrics", "fs.t.f.x"}
+    assert set(t.topics()) == {"fs.t.inputs", "fs.t.outputs", "fs.t.deadletter", "fs.t.metrics", "fs.t.feedback",
+                                "fs.t.f.x"}
 
 
 def test_head_keeps_its_triggers_and_join(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ def test_topic_names_are_prefix_topology_node_port() -> None:
     assert topo.group_id("a") == "acme.digits.a"
     assert topo.topics() == [
         "acme.digits.inputs", "acme.digits.outputs", "acme.digits.deadletter", "acme.digits.metrics",
+        "acme.digits.feedback",
         "acme.digits.a.label", "acme.digits.a.scores", "acme.digits.b.y", "acme.digits.c.n",
     ]
     assert topo.nodes["a"].bindings == {"x": (Source("acme.digits.inputs", "x", None, "input.x", None),)}
@@ -50,7 +51,8 @@ def test_topic_names_are_prefix_topology_node_port() -> None:
 def test_only_ports_somebody_reads_get_a_topic() -> None:
     alone = compile_yaml(node("a", "Classify"), "  label: a.label\n")
     assert alone.nodes["a"].output_topics == {}
-    assert alone.topics() == ["fs.digits.inputs", "fs.digits.outputs", "fs.digits.deadletter", "fs.digits.metrics"]
+    assert alone.topics() == ["fs.digits.inputs", "fs.digits.outputs", "fs.digits.deadletter", "fs.digits.metrics",
+                             "fs.digits.feedback"]
     read = compile_yaml(node("a", "Classify") + node("b", "Scale", "{x: a.scores}"), "  out: b.y\n")
     assert read.nodes["a"].output_topics == {"scores": "fs.digits.a.scores"}
     assert read.nodes["b"].output_topics == {}
@@ -154,7 +156,7 @@ def test_outputs_from_several_nodes_get_an_implicit_collect_node() -> None:
     assert collect.component.inputs == {"merged": VEC, "early": VEC}
     assert topo.topics() == [  # Collect writes the topology's outputs topic and owns none of its own
         "fs.digits.inputs", "fs.digits.outputs", "fs.digits.deadletter", "fs.digits.metrics",
-        "fs.digits.src.y", "fs.digits.left.y", "fs.digits.right.y", "fs.digits.merge.y",
+        "fs.digits.feedback", "fs.digits.src.y", "fs.digits.left.y", "fs.digits.right.y", "fs.digits.merge.y",
     ]
     batch = Batch({"merged": np.ones((2, 4)), "early": np.zeros((2, 4))}, [1, 1], ["r1", "r2"])
     assert collect.component.process(batch).keys() == {"merged", "early"}

@@ -35,7 +35,7 @@ def test_graph_has_every_node_port_topic_and_fused_and_side_kinds() -> None:
 def test_joins_are_marked_and_a_fan_in_sits_after_both_branches() -> None:
     graph = graph_view(load_topology(REPO / "topologies" / "ensemble.yaml"))
     nodes = {n["id"]: n for n in graph["nodes"]}
-    assert nodes["avg"]["join"] == "inner"
+    assert nodes["avg"]["join"] == "deadline"
     pos = _positions(graph)
     assert pos["avg"][0] > max(pos["cnn_probs"][0], pos["mlp_probs"][0])
 

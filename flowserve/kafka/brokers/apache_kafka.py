@@ -37,15 +37,36 @@ def _java() -> str:
     return found
 
 
+def _libs_target(libs_dir: str | Path | None) -> Path:
+    version = os.environ.get("FLOWSERVE_KAFKA_VERSION", KAFKA_VERSION)
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return Path(
+        libs_dir or os.environ.get("FLOWSERVE_KAFKA_LIBS") or cache / "flowserve" / "kafka" / version / "libs"
+    )
+
+
+def _has_jars(target: Path) -> bool:
+    # The marker is written by fetch-jars.sh; the jar check accepts the libs/ folder of a Kafka download.
+    return (target / ".complete").exists() or any(target.glob("kafka_2.13-*.jar"))
+
+
+def kafka_missing(libs_dir: str | Path | None = None) -> str | None:
+    """Why Apache Kafka cannot start here without downloading anything, or None when it can."""
+    try:
+        _java()
+    except BrokerError as exc:
+        return str(exc)
+    target = _libs_target(libs_dir)
+    if not _has_jars(target):
+        return f"Apache Kafka: its jars are not in {target} yet"
+    return None
+
+
 def _kafka_libs(libs_dir: str | Path | None) -> Path:
     """The directory of Kafka jars, fetched with apache/fetch-jars.sh the first time."""
     version = os.environ.get("FLOWSERVE_KAFKA_VERSION", KAFKA_VERSION)
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    target = Path(
-        libs_dir or os.environ.get("FLOWSERVE_KAFKA_LIBS") or cache / "flowserve" / "kafka" / version / "libs"
-    )
-    # The marker is written by fetch-jars.sh; the jar check accepts the libs/ folder of a Kafka download.
-    if (target / ".complete").exists() or any(target.glob("kafka_2.13-*.jar")):
+    target = _libs_target(libs_dir)
+    if _has_jars(target):
         return target
     script = _FILES / "fetch-jars.sh"
     if not script.exists():
@@ -67,6 +88,18 @@ def _kafka_libs(libs_dir: str | Path | None) -> Path:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-_LOG_TAIL_LINES:])
         raise BrokerError(f"Apache Kafka: {script} failed (exit {done.returncode}); run it by hand:\n{tail}")
     return target
+
+
+def kafka_tools_dir(libs_dir: str | Path | None = None) -> Path:
+    """The folder of Kafka's command-line clients (kafka-console-producer/consumer) and their classpath,
+    beside the broker's jars; ``fetch-jars.sh tools`` fetches it (not done here: only tests need it)."""
+    libs = _kafka_libs(libs_dir)
+    tools = libs.with_name("tools")
+    if any(libs.glob("kafka-tools-[0-9]*.jar")):  # the libs/ folder of a Kafka download has them
+        return libs
+    if not any(tools.glob("kafka-tools-[0-9]*.jar")):
+        raise BrokerError(f"Kafka's console clients are not in {tools}: run deploy/kafka/fetch-jars.sh tools")
+    return tools
 
 
 def _cds_archive(java: str, libs: Path) -> Path:
@@ -91,7 +124,8 @@ def _kafka_uuid() -> str:
 
 
 def _kafka_properties(
-    node_id: int, nodes: int, broker_port: int, controller_port: int, voters: str, data_dir: Path
+    node_id: int, nodes: int, broker_port: int, controller_port: int, voters: str, data_dir: Path,
+    listeners: Mapping[str, tuple[str, int]] | None = None, config: Mapping[str, object] | None = None,
 ) -> str:
     replicas = min(nodes, 3)
     settings: dict[str, object] = {
@@ -127,6 +161,11 @@ def _kafka_properties(
         "num.network.threads": 2,
         "num.io.threads": 2,
     }
+    for name, (protocol, port) in (listeners or {}).items():
+        settings["listeners"] = f"{settings['listeners']},{name}://{_HOST}:{port}"
+        settings["advertised.listeners"] = f"{settings['advertised.listeners']},{name}://{_HOST}:{port}"
+        settings["listener.security.protocol.map"] = f"{settings['listener.security.protocol.map']},{name}:{protocol}"
+    settings.update(config or {})
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
@@ -135,6 +174,11 @@ QUICK_JVM = ("-Xmx512m", "-Xms128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=
 #: what Kafka's bin/kafka-server-start.sh and kafka-run-class.sh give a broker (benchmarks).
 SERVER_JVM = ("-Xmx1G", "-Xms1G", "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
               "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent")
+#: the default broker of ``flowserve run``: the server's collector and both JIT tiers (the quick settings'
+#: C1-only code and serial collector cost it throughput), on a heap a laptop can spare. It starts from the
+#: class-data-sharing archive as the quick settings do.
+DEV_JVM = ("-Xmx512m", "-Xms64m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+           "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent")
 
 
 class ApacheKafka(_Managed):
@@ -165,6 +209,8 @@ class ApacheKafka(_Managed):
     ) -> None:  # fmt: skip
         super().__init__(nodes, workdir, stop_grace_s=0)  # the data is thrown away, so no clean shutdown
         self.broker_ports = broker_ports
+        #: ports of the extra listeners given to :meth:`start`, by listener name
+        self.listener_ports: dict[str, int] = {}
         self.bootstrap = ",".join(f"{_HOST}:{port}" for port in broker_ports)
         self._timeout_s = timeout_s
         self._archive = archive
@@ -188,20 +234,33 @@ class ApacheKafka(_Managed):
         libs_dir: str | Path | None = None,
         timeout_s: float = 120.0,
         server_jvm: bool = False,
+        jvm_options: Sequence[str] | None = None,
+        listeners: Mapping[str, str] | None = None,
+        config: Mapping[str, object] | None = None,
+        scram_users: Mapping[str, str] | None = None,
     ) -> ApacheKafka:
         """Format storage and start ``nodes`` (1 or 3) combined broker+controller nodes.
 
         The JVM is set up to start fast (:data:`QUICK_JVM`, for tests), or with ``server_jvm`` as Kafka's
         own start script sets it up (:data:`SERVER_JVM`, for benchmarks: with the quick settings the
         serial collector stops the broker for whole collections; the digits pipeline's p99 at 200 req/s
-        was 38-46 ms under them and 22-25 ms under the server settings).
+        was 38-46 ms under them and 22-25 ms under the server settings). ``jvm_options`` replace the
+        quick settings (e.g. :data:`DEV_JVM`) and keep the class-data-sharing archive.
 
         ``port`` is the first broker port; brokers take ``port .. port+nodes-1`` and controllers the
         ``nodes`` ports after them. Without it every port is picked free. Returns once every node
         answers Metadata listing all of them.
+
+        Security (one node): ``listeners`` adds listeners beside PLAINTEXT, name -> security protocol
+        (e.g. ``{"SASL": "SASL_PLAINTEXT", "TLS": "SSL"}``), each on a free port
+        (:attr:`listener_ports`); ``config`` adds broker properties (their keystores, SASL mechanisms);
+        ``scram_users`` (name -> password) are stored as SCRAM-SHA-256 and -512 credentials when the
+        storage is formatted.
         """
         if nodes not in (1, 3):
             raise BrokerError(f"Apache Kafka: nodes={nodes} is not supported; use 1 or 3")
+        if (listeners or scram_users) and nodes != 1:
+            raise BrokerError("Apache Kafka: extra listeners and SCRAM users are supported on one node only")
         java = _java()
         libs = _kafka_libs(libs_dir)
         if port:
@@ -216,7 +275,8 @@ class ApacheKafka(_Managed):
         # Start-up is mostly class loading and JIT: C1 only and the serial collector finish it soonest,
         # and a class-data-sharing archive (written by the first cluster's node 0 when it stops) skips
         # most of the loading. -Xlog:cds=off keeps the JVM's notes about the archive out of the logs.
-        jvm = [java, *(SERVER_JVM if server_jvm else QUICK_JVM), "-Xlog:cds=off", "-Djava.awt.headless=true",
+        options = SERVER_JVM if server_jvm else (jvm_options or QUICK_JVM)
+        jvm = [java, *options, "-Xlog:cds=off", "-Djava.awt.headless=true",
                "-cp", str(libs / "*")]  # fmt: skip
         log_config = _FILES / "log4j2.properties"
         if log_config.exists():  # without it log4j2 prints only errors, which is quiet enough
@@ -235,14 +295,23 @@ class ApacheKafka(_Managed):
         for i in range(nodes):
             home = workdir / f"node-{i}"
             home.mkdir()
-            config = home / "server.properties"
-            config.write_text(_kafka_properties(i, nodes, broker_ports[i], controller_ports[i], voters, home / "data"))
+            extra = {name: (protocol, free_port()) for name, protocol in (listeners or {}).items()}
+            listener_ports = {name: port for name, (_, port) in extra.items()}
+            config_file = home / "server.properties"
+            config_file.write_text(_kafka_properties(i, nodes, broker_ports[i], controller_ports[i], voters,
+                                                     home / "data", extra, config))
             dump = [f"-XX:ArchiveClassesAtExit={archive_dump}"] if archive_dump and i == 0 else []
-            argv = [jvm[0], *dump, *jvm[1:], "kafka.Kafka", str(config)]
+            argv = [jvm[0], *dump, *jvm[1:], "kafka.Kafka", str(config_file)]
             cluster_nodes.append(_Node(argv, home / "broker.log", cwd=home, env=os.environ))
         cluster = cls(cluster_nodes, workdir, broker_ports, timeout_s, archive, archive_dump)
+        cluster.listener_ports = listener_ports
+        scram = [arg for user, password in (scram_users or {}).items()
+                 for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512")
+                 for arg in ("--add-scram", f"{mechanism}=[name={user},password={password}]")]
         try:
-            cluster._format(jvm, _kafka_uuid())
+            # Formatting is a short run: the quick settings suit it whatever the broker runs under.
+            options_at = jvm.index(options[0])
+            cluster._format([*jvm[:options_at], *QUICK_JVM, *jvm[options_at + len(options):]], _kafka_uuid(), scram)
             for node in cluster_nodes:
                 node.launch()
             deadline = time.monotonic() + timeout_s
@@ -252,14 +321,14 @@ class ApacheKafka(_Managed):
             raise
         return cluster
 
-    def _format(self, jvm: Sequence[str], cluster_id: str) -> None:
+    def _format(self, jvm: Sequence[str], cluster_id: str, extra: Sequence[str] = ()) -> None:
         # One JVM per node, all at once: formatting is mostly JVM start-up.
         runs = []
         for node in self._nodes:
             log = node.log.with_name("format.log")
             with log.open("wb") as out:
                 config = str(node.cwd / "server.properties")
-                argv = [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", config]
+                argv = [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", config, *extra]
                 runs.append((log, subprocess.Popen(argv, cwd=node.cwd, stdout=out, stderr=subprocess.STDOUT)))
         for log, run in runs:
             try:

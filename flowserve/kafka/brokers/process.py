@@ -55,6 +55,11 @@ class Broker(Protocol):
         """The fetch wait that suits this broker (see :attr:`KafkaSettings.fetch_max_wait_ms`)."""
         ...
 
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the broker's running nodes (benches read their CPU time and memory)."""
+        ...
+
     def settings(self) -> KafkaSettings:
         """How flowserve's clients reach this broker: its address, fetch wait and whether producers may be
         idempotent (``FLOWSERVE_*`` over all)."""
@@ -262,6 +267,17 @@ class _Managed:
             node.kill(self._stop_grace_s)
         shutil.rmtree(self._workdir, ignore_errors=True)
         _RUNNING.discard(self)
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the nodes running now (benches read their CPU time from /proc)."""
+        return [node.process.pid for node in self._nodes if node.process is not None and node.alive]
+
+    @property
+    def node_pids(self) -> list[int | None]:
+        """Per node, in node order, its process id, or None while it is down (a chaos run samples each
+        node's memory across its restarts)."""
+        return [node.process.pid if node.process is not None and node.alive else None for node in self._nodes]
 
     def pause(self) -> None:
         for node in self._nodes:

@@ -96,7 +96,8 @@ function updateGraph(stats) {
     const lines = f.workers === 0 ? ["no worker reporting", "", ""] : [
       `${f.workers} consumer(s) · lag ${fmt(f.lag)} · batch ${fmt(f.batch_mean)} (p99 ${fmt(f.batch_p99)})`,
       `exec p50/p99 ${fmt(f.exec_p50_ms)}/${fmt(f.exec_p99_ms)} ms · wait p99 ${fmt(f.wait_p99_ms)} ms`,
-      `${fmt(f.rate_rps)} req/s · ok ${fmt(c.requests_ok)} · refused ${fmt(c.refused)} · dead ${fmt(c.dead_lettered)}`,
+      `${fmt(f.rate_rps)} req/s · ok ${fmt(c.requests_ok)} · refused ${fmt(c.refused)} · dead ${fmt(c.dead_lettered)}` +
+        (c.cache_hits !== undefined ? ` · cache ${fmt(c.cache_hits)}/${fmt(c.cache_hits + c.cache_misses)} hits` : ""),
     ];
     grp.querySelectorAll("text.figs").forEach((t, i) => { t.textContent = lines[i]; });
     grp.setAttribute("data-health", f.health);

@@ -5,6 +5,8 @@
 # it from a checkout.
 #
 #   bash fetch-jars.sh                    # prints the libs directory on stdout
+#   bash fetch-jars.sh tools              # the console clients (kafka-tools) and their classpath, into
+#                                         # a tools/ folder beside libs/ (client compatibility tests)
 #
 # Environment:
 #   FLOWSERVE_KAFKA_VERSION  Kafka version to fetch (default 4.1.1)
@@ -18,6 +20,11 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 version="${FLOWSERVE_KAFKA_VERSION:-4.1.1}"
 libs="${FLOWSERVE_KAFKA_LIBS:-${XDG_CACHE_HOME:-$HOME/.cache}/flowserve/kafka/$version/libs}"
+profile=()
+if [[ "${1:-}" == "tools" ]]; then
+  libs="$(dirname "$libs")/tools"
+  profile=(-P tools)
+fi
 
 if [[ -f "$libs/.complete" ]]; then
   echo "$libs"
@@ -33,7 +40,7 @@ trap 'rm -rf "$staging"' EXIT
 
 echo "fetch-jars.sh: resolving org.apache.kafka:kafka_2.13:$version into $libs" >&2
 mvn -q -B -Dstyle.color=never -f "$here/pom.xml" \
-  -Dkafka.version="$version" \
+  -Dkafka.version="$version" "${profile[@]}" \
   dependency:copy-dependencies \
   -DincludeScope=runtime \
   -DoutputDirectory="$staging" 2>&1 | sed -e 's/\x1b\[[0-9;]*m//g' -e '/^$/d' >&2  # Maven 3.8 -q still emits colour resets

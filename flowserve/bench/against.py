@@ -1,0 +1,255 @@
+"""``flowserve bench gateway --against URL``: flowserve's gateway against any V2 server, the same load on both.
+
+For each topology (digits-fused and the 3-stage digits by default) this deploys its workers
+(:class:`~flowserve.runtime.host.ProcessHost`) and a gateway, then drives the flowserve gateway and the
+server at ``URL`` with one load generator (:mod:`flowserve.bench.load`): closed loop at each concurrency
+level and open-loop Poisson at each rate. The two sides take turns in short slices (``ab`` then ``ba``),
+so a slow stretch of a shared machine falls on both; throughput and p99 ratios (flowserve / the other)
+come with 95% bootstrap intervals over slices (:mod:`flowserve.bench.paired`).
+
+CPU per request per process is measured over the same slices: this process (the load generator), the
+gateway, each worker, the broker, and the other server (found by the ports they listen on,
+:mod:`flowserve.bench.procs`). Every group is measured in every slice, so the flowserve side's idle cost
+during the other side's slices shows too.
+
+``--brokers embedded,kafka`` runs the whole comparison on each broker in turn (the first reuses the
+broker ``flowserve bench`` started when its kind matches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from flowserve.bench.common import console, cpu_seconds
+from flowserve.bench.load import Target, closed_slice, poisson_slice
+from flowserve.bench.paired import Slice, percentile_ratio, summary, throughput_ratio
+from flowserve.bench.procs import cpu_of, listener_pids, with_children
+from flowserve.client.traffic import prepare_to_drive
+from flowserve.errors import FlowserveError
+from flowserve.kafka.settings import KafkaSettings
+from flowserve.runtime.host import ProcessHost, create_topology_topics
+from flowserve.topology import load_topology
+from flowserve.wire.v2 import build_request
+
+LEVELS = (1, 8, 32, 128)
+TOPOLOGIES = (Path("topologies/digits-fused.yaml"), Path("topologies/digits.yaml"))
+FS, OTHER = "flowserve", "other"
+
+
+def start_gateway(kafka: KafkaSettings, paths: list[Path], processes: int = 1) -> tuple[subprocess.Popen[str], str]:
+    """``flowserve gateway`` in its own process (``processes`` > 1: that many on one port); its URL."""
+    env = {**os.environ, "FLOWSERVE_FETCH_MAX_WAIT_MS": str(kafka.fetch_max_wait_ms)}
+    cmd = [sys.executable, "-m", "flowserve", "gateway", *map(str, paths), "--broker", kafka.bootstrap, "--port", "0"]
+    if processes > 1:
+        cmd += ["--processes", str(processes)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    if not url.startswith("http://"):
+        proc.kill()
+        raise RuntimeError(f"the gateway did not start (printed {url!r})")
+    return proc, url
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout_s)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _port(address: str) -> int:
+    return urlsplit(address if "//" in address else f"//{address.split(',')[0]}").port or 80
+
+
+def _groups(gateway: subprocess.Popen[str], host: ProcessHost, broker_port: int,
+            other_port: int) -> dict[str, list[int]]:
+    """The processes whose CPU is measured, by role (``self``: this process, the load generator)."""
+    groups = {"loadgen": [os.getpid()], "gateway": with_children([gateway.pid])}
+    for node, procs in host.procs.items():
+        groups[f"worker:{node}"] = [p.pid for p in procs]
+    groups["broker"] = with_children(listener_pids(broker_port))
+    groups["other"] = with_children(listener_pids(other_port))
+    return groups
+
+
+def _cpu(groups: dict[str, list[int]]) -> dict[str, float]:
+    return {name: cpu_seconds() if name == "loadgen" else cpu_of(pids) for name, pids in groups.items()}
+
+
+class Comparison:
+    """Slices of both sides at one load, and CPU seconds per process group spent during each side's slices."""
+
+    def __init__(self, load: str) -> None:
+        self.load = load
+        self.slices: dict[str, list[Slice]] = {FS: [], OTHER: []}
+        self.errors = {FS: 0, OTHER: 0}
+        self.cpu: dict[str, dict[str, float]] = {FS: {}, OTHER: {}}
+
+    def add(self, side: str, piece: Slice, errors: int, cpu: dict[str, float]) -> None:
+        self.slices[side].append(piece)
+        self.errors[side] += errors
+        for name, seconds in cpu.items():
+            self.cpu[side][name] = self.cpu[side].get(name, 0.0) + seconds
+
+    def result(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"load": self.load}
+        for side in (FS, OTHER):
+            s = summary(self.slices[side]) if any(x.latencies for x in self.slices[side]) else {"throughput_rps": 0.0}
+            done = max(sum(x.requests for x in self.slices[side]), 1)
+            out[side] = {**{k: round(v, 2) for k, v in s.items()}, "errors": self.errors[side],
+                         "cpu_us_per_request": {k: round(v / done * 1e6, 1) for k, v in self.cpu[side].items()}}
+        # slice pairs where both sides answered something (a short slice on a stalled machine may not)
+        pairs = [(a, b) for a, b in zip(self.slices[FS], self.slices[OTHER], strict=True)
+                 if a.latencies and b.latencies]
+        if pairs:
+            a, b = [p[0] for p in pairs], [p[1] for p in pairs]
+            r, lo, hi = throughput_ratio(a, b)
+            p, plo, phi = percentile_ratio([x.latencies for x in a], [x.latencies for x in b])
+            out["throughput_ratio"] = [round(r, 3), round(lo, 3), round(hi, 3)]
+            out["p99_ratio"] = [round(p, 3), round(plo, 3), round(phi, 3)]
+            out["paired_slices"] = len(pairs)
+        return out
+
+
+async def compare_topology(kafka: KafkaSettings, path: Path, url: str, model: str | None, *,
+                           levels: tuple[int, ...], rates: tuple[float, ...], slice_s: float, rounds: int,
+                           gateway_processes: int = 1) -> dict[str, Any]:
+    """Deploy ``path`` with a gateway, then every load on both sides in interleaved slices."""
+    topology = load_topology(path)
+    prepare_to_drive(topology)
+    inputs, _ = topology.sampler()(256)
+    bodies = [build_request(x)[0] for x in inputs]
+    await create_topology_topics(topology, kafka)
+    host = ProcessHost(path, topology, kafka)
+    host.start_processes()
+    gateway, fs_url = start_gateway(kafka, [path], gateway_processes)
+    targets = {FS: Target(fs_url, topology.name), OTHER: Target(url, model or topology.name)}
+    loads: list[dict[str, Any]] = []
+    try:
+        console.print(f"{topology.name}: {len(topology.nodes)} worker process(es), gateway at {fs_url} "
+                      f"({gateway_processes} process(es)), against {url} model {targets[OTHER].model}; waiting…")
+        for t in targets.values():
+            await t.ready(bodies[0])
+        groups = _groups(gateway, host, _port(kafka.bootstrap), _port(url))
+        rng = np.random.default_rng(0)
+        shapes: list[tuple[str, Any]] = [(f"c{c}", c) for c in levels] + [(f"poisson{r:g}", r) for r in rates]
+        for label, arg in shapes:
+
+            async def one(side: str, seconds: float, label: str = label, arg: Any = arg) -> tuple[Slice, int]:
+                if label.startswith("c"):
+                    return await closed_slice(targets[side], bodies, int(arg), seconds)
+                return await poisson_slice(targets[side], bodies, float(arg), seconds, rng)
+
+            for side in (FS, OTHER):  # warm-up: connections opened, batches sized, caches filled
+                await one(side, min(1.0, slice_s / 2))
+            comparison = Comparison(label)
+            for k in range(rounds):
+                for side in ((FS, OTHER) if k % 2 == 0 else (OTHER, FS)):
+                    before = _cpu(groups)
+                    piece, errors = await one(side, slice_s)
+                    after = _cpu(groups)
+                    comparison.add(side, piece, errors, {n: after[n] - before[n] for n in before})
+            loads.append(row := comparison.result())
+            _print_row(topology.name, row)
+    finally:
+        for t in targets.values():
+            await t.close()
+        stop_process(gateway)
+        host.stop()
+    return {"topology": topology.name, "nodes": list(topology.nodes), "gateway_processes": gateway_processes,
+            "loads": loads}
+
+
+def _print_row(name: str, row: dict[str, Any]) -> None:
+    fs, other = row[FS], row[OTHER]
+    ratio = row.get("throughput_ratio", [float("nan")] * 3)
+    p99 = row.get("p99_ratio", [float("nan")] * 3)
+    cpu = "  ".join(f"{k} {v:.0f}" for k, v in fs["cpu_us_per_request"].items() if k != "other")
+    console.print(f"  {name:<13} {row['load']:<12} flowserve {fs['throughput_rps']:>7.0f} req/s p50 "
+                  f"{fs.get('p50_ms', float('nan')):5.1f} p99 {fs.get('p99_ms', float('nan')):6.1f} | other "
+                  f"{other['throughput_rps']:>7.0f} req/s p50 {other.get('p50_ms', float('nan')):5.1f} p99 "
+                  f"{other.get('p99_ms', float('nan')):6.1f} | ratio {ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}]"
+                  f" p99 ratio {p99[0]:.2f} [{p99[1]:.2f}, {p99[2]:.2f}]")
+    console.print(f"      flowserve CPU us/req: {cpu}; other server "
+                  f"{other['cpu_us_per_request'].get('other', 0):.0f} us/req (loadgen "
+                  f"{other['cpu_us_per_request'].get('loadgen', 0):.0f})")
+
+
+def _brokers(kafka: KafkaSettings, first_kind: str, kinds: list[str]) -> Generator[tuple[str, KafkaSettings]]:
+    """Each broker kind in turn: the one already running when its kind matches, else one started here."""
+    from flowserve.kafka.brokers import running_broker
+
+    for kind in kinds:
+        if kind == first_kind:
+            yield kind, kafka
+            continue
+        console.print(f"starting the {kind} broker…")
+        with running_broker(kind, server_jvm=True) as broker:  # type: ignore[arg-type]
+            yield kind, broker.settings()
+
+
+def _split(raw: str | None, cast: Any, default: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(cast(x) for x in raw.split(",") if x.strip()) if raw else default
+
+
+async def against_bench(kafka: KafkaSettings, args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--against`` comparison, on each broker of ``--brokers`` (default: the one given)."""
+    paths = [Path(p) for p in args.topology] if args.topology else list(TOPOLOGIES)
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FlowserveError(f"the gateway bench runs {', '.join(missing)}, not found here: run it from a "
+                             "flowserve checkout (its topologies/ folder), or name topologies with --topology")
+    levels = _split(args.levels, int, LEVELS)
+    rates = _split(args.rates, float, ())
+    first = None if args.broker else args.broker_kind
+    kinds = list(_split(args.brokers, str, (first or "given",)))
+    runs: dict[str, list[dict[str, Any]]] = {}
+    started = time.perf_counter()
+    with contextlib.closing(_brokers(kafka, first or "given", kinds)) as brokers:
+        for kind, settings in brokers:
+            console.print(f"[bold]broker: {kind}[/]")
+            runs[kind] = [await compare_topology(settings, p, args.against, args.against_model, levels=levels,
+                                                 rates=rates, slice_s=args.slice_seconds or 2.0, rounds=args.rounds,
+                                                 gateway_processes=args.gateway_processes) for p in paths]
+    return {"workload": "gateway-against", "against": args.against, "slice_seconds": args.slice_seconds or 2.0,
+            "rounds": args.rounds, "seconds": round(time.perf_counter() - started, 1), "brokers": runs,
+            "targets": targets(runs)}
+
+
+def _ratio(runs: list[dict[str, Any]], topology: str, load: str, key: str) -> float | None:
+    for run in runs:
+        if run["topology"] == topology:
+            for row in run["loads"]:
+                if row["load"] == load and key in row:
+                    return float(row[key][0])
+    return None
+
+
+def targets(runs: dict[str, list[dict[str, Any]]]) -> dict[str, bool]:
+    """Issue 16's targets against MLServer (the server at ``--against``), on point estimates."""
+    def all_ge(topology: str, loads: list[str], kinds: list[str]) -> bool:
+        values = [_ratio(runs[k], topology, load, "throughput_ratio") for k in kinds for load in loads]
+        return bool(values) and all(v is not None and v >= 1.0 for v in values)
+
+    both = {"embedded", "kafka"} <= runs.keys()
+    p99_at_8 = [_ratio(r, "digits-fused", "c8", "p99_ratio") for r in runs.values()]
+    return {
+        "fused_ge_1x_mlserver_all_levels_both_brokers":
+            both and all_ge("digits-fused", ["c1", "c8", "c32", "c128"], ["embedded", "kafka"]),
+        "fused_p99_at_8_le_1_5x_mlserver": bool(p99_at_8) and all(v is not None and v <= 1.5 for v in p99_at_8),
+        "three_stage_ge_1x_at_32_and_up": all_ge("digits", ["c32", "c128"], list(runs)),
+    }

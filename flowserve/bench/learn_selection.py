@@ -1,0 +1,222 @@
+"""``flowserve bench learn-selection``: Exp3 picks one of three digits models per request, learning from
+feedback on every request; one model's input turns noisy mid-run.
+
+Everything runs for real on the broker: a topology (normalise → Exp3 selector → three branches, the
+degraded one behind an :class:`~flowserve_components.faults.InputNoise` node → any-join) in this process
+with the selection hooks attached, requests through the request-reply engine, and feedback written to
+``<base>.feedback`` with a plain Kafka producer (the asynchronous path). Which branch took each request is
+read back from the selector's decisions topic.
+
+The baseline is *always picking one branch*: each branch's own components run offline on the very same
+requests (the same seeded noise after the change), and the best branch over the whole run is the one to
+beat. The accuracy gap comes with a 95% interval (paired bootstrap over requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from flowserve.bench.common import console, run_id
+from flowserve.client import TopologyClient
+from flowserve.client.traffic import prepare_to_drive, wait_ready
+from flowserve.component import Batch, import_library
+from flowserve.kafka.clients import make_producer
+from flowserve.kafka.settings import KafkaSettings, WorkerSettings
+from flowserve.runtime.host import InlineHost
+from flowserve.selection import selection_hooks
+from flowserve.topology.graph import Topology, load_topology_text
+from flowserve.wire.feedback import encode_feedback
+
+BRANCHES = {"mlp": "digits-mlp", "small": "digits-mlp-small", "cnn": "digits-cnn"}
+DEGRADED = "mlp"
+WINDOW = 250
+
+TOPOLOGY = """
+name: {name}
+partitions: 1
+nodes:
+  pre:
+    component: flowserve_components.digits:Normalize
+    inputs: {{pixels: input.pixels}}
+  select:
+    component: flowserve_components.selection:Exp3Selector
+    params: {{answers: [mlp_label.label, small_label.label, cnn_label.label], gamma: {gamma}, eta: {eta}, seed: {seed}}}
+    inputs: {{x: pre.x}}
+  noise:
+    component: flowserve_components.faults:InputNoise
+    params: {{sigma: {sigma}}}
+    inputs: {{x: select.arm0}}
+  mlp: {{component: "flowserve_components.torch_stage:TorchClassifier", params: {{model: digits-mlp}},
+        inputs: {{x: noise.x}}}}
+  small: {{component: "flowserve_components.torch_stage:TorchClassifier", params: {{model: digits-mlp-small}},
+          inputs: {{x: select.arm1}}}}
+  cnn: {{component: "flowserve_components.torch_stage:TorchClassifier", params: {{model: digits-cnn}},
+        inputs: {{x: select.arm2}}}}
+  mlp_label: {{component: "flowserve_components.postprocess:ArgMax", inputs: {{logits: mlp.logits}}}}
+  small_label: {{component: "flowserve_components.postprocess:ArgMax", inputs: {{logits: small.logits}}}}
+  cnn_label: {{component: "flowserve_components.postprocess:ArgMax", inputs: {{logits: cnn.logits}}}}
+  final:
+    component: flowserve.builtin:Identity
+    params: {{ports: {{label: {{datatype: INT64, shape: [-1]}}}}}}
+    join: {{type: any}}
+    inputs: {{label: [mlp_label.label, small_label.label, cnn_label.label]}}
+outputs:
+  label: final.label
+sample: flowserve_components.digits:sample
+"""
+
+
+def _offline(text: str, requests: list[dict[str, np.ndarray]], ids: list[str], change: int) -> dict[str, np.ndarray]:
+    """Each branch's labels for every request, its components run here: the baseline of always picking it."""
+    topology = load_topology_text(text)
+    headers = [{"x-degrade": b"1"} if i >= change else {} for i in range(len(requests))]
+    sizes = [1] * len(requests)
+
+    def run(node: str, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        component = topology.nodes[node].component
+        component.setup()
+        out = component.process(Batch(tensors, sizes, ids, headers))
+        assert isinstance(out, dict)
+        return out
+
+    x = run("pre", {"pixels": np.concatenate([r["pixels"] for r in requests])})["x"]
+    labels = {}
+    for branch in BRANCHES:
+        inp = run("noise", {"x": x})["x"] if branch == DEGRADED else x
+        logits = run(branch, {"x": inp})["logits"]
+        labels[branch] = run(f"{branch}_label", {"logits": logits})["label"]
+    return labels
+
+
+async def _decisions(kafka: KafkaSettings, topology: Topology) -> dict[str, int]:
+    """Request id -> arm, read back from the selector's decisions topic."""
+    consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False, **kafka.client_kwargs())
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topology.decisions_topic("select"), p) for p in range(topology.spec.partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        arms: dict[str, int] = {}
+        while any([await consumer.position(tp) < ends[tp] for tp in tps]):
+            for records in (await consumer.getmany(timeout_ms=1000)).values():
+                for rec in records:
+                    doc = json.loads(rec.value)
+                    arms[doc["id"]] = doc["arm"]
+        return arms
+    finally:
+        await consumer.stop()
+
+
+def _paired_gap(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of ``a - b`` (per-request correctness) with a 95% bootstrap interval."""
+    diff = a.astype(float) - b.astype(float)
+    rng = np.random.default_rng(seed)
+    means = np.array([diff[rng.integers(0, len(diff), len(diff))].mean() for _ in range(resamples)])
+    return float(diff.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+async def learn_selection_bench(kafka: KafkaSettings, *, requests: int = 8000, change: int = 2000, wave: int = 32,
+                                gamma: float = 0.03, eta: float = 0.1, sigma: float = 0.6,
+                                seed: int = 0) -> dict[str, Any]:
+    import_library("flowserve_components.selection")
+    tag = run_id()
+    text = TOPOLOGY.format(name=f"sel{tag}", gamma=gamma, eta=eta, sigma=sigma, seed=seed)
+    topology = load_topology_text(text)
+    prepare_to_drive(topology)
+    reqs, truth_list = topology.sampler()(requests, seed)
+    truth = np.asarray(truth_list)
+    ids = [f"{tag}-{i}" for i in range(requests)]
+    console.print(f"baseline: each branch offline on the same {requests} requests (noise on '{DEGRADED}' "
+                  f"from request {change})")
+    branch_labels = _offline(text, reqs, ids, change)
+    branch_correct = {b: labels == truth for b, labels in branch_labels.items()}
+    answered = np.zeros(requests, dtype=np.int64)
+    host = InlineHost(topology, kafka, hooks=selection_hooks(kafka))
+    producer = make_producer(kafka, WorkerSettings(), max_message_bytes=topology.spec.max_message_bytes)
+    await host.start()
+    await producer.start()
+    try:
+        async with TopologyClient(topology, kafka) as client:
+            await wait_ready(client, reqs[0], timeout_s=180)
+            for start in range(0, requests, wave):
+                batch = range(start, min(start + wave, requests))
+                futures = [client.expect(ids[i], 120) for i in batch]
+                for i in batch:
+                    await client.queue(reqs[i], request_id=ids[i], timeout_ms=120_000,
+                                       headers={"x-degrade": "1"} if i >= change else None)
+                await client.flush()
+                for i, reply in zip(batch, await asyncio.gather(*futures), strict=True):
+                    if reply.error is not None:
+                        raise RuntimeError(f"request {ids[i]} failed: {reply.error}")
+                    answered[i] = int(reply.tensors["label"][0])
+                # feedback on every request, by any Kafka client (the asynchronous path)
+                for i in batch:
+                    key, value, headers = encode_feedback(ids[i], {"label": np.array([truth[i]], np.int64)})
+                    await producer.send(topology.feedback_topic, value, key=key, headers=headers)
+                await producer.flush()
+                if (start // wave) % 50 == 0:
+                    console.print(f"  {start + len(batch)} of {requests} requests answered, feedback sent")
+        arms_by_id = await _decisions(kafka, topology)
+        selector = next(w for w in host.workers if w.node.id == "select")
+        counters = {k: v for hook in selector.hooks for k, v in hook.counters().items()}
+    finally:
+        await producer.stop()
+        await host.stop()
+    arms = np.array([arms_by_id.get(i, -1) for i in ids])
+    degraded_arm = list(BRANCHES).index(DEGRADED)
+    windows = []
+    for lo in range(0, requests, WINDOW):
+        hi = min(lo + WINDOW, requests)
+        windows.append({"from": lo - change, "to": hi - change,
+                        "degraded_share": round(float((arms[lo:hi] == degraded_arm).mean()), 4),
+                        "accuracy": round(float((answered[lo:hi] == truth[lo:hi]).mean()), 4)})
+    selector_correct = answered == truth
+    accuracy = {b: round(float(c.mean()), 4) for b, c in branch_correct.items()}
+    best = max(accuracy, key=lambda b: accuracy[b])
+    gap, low, high = _paired_gap(selector_correct, branch_correct[best])
+    # the window of 250 requests that ends 2,000 feedback records after the change
+    target_window = next((w for w in windows if w["to"] == 2000), windows[-1])
+    result = {
+        "workload": "learn-selection", "simulated": False, "requests": requests, "change_at": change,
+        "wave": wave, "gamma": gamma, "eta": eta, "sigma": sigma,
+        "branches": BRANCHES, "degraded": DEGRADED,
+        "branch_accuracy_before": {b: round(float(c[:change].mean()), 4) for b, c in branch_correct.items()},
+        "branch_accuracy_after": {b: round(float(c[change:].mean()), 4) for b, c in branch_correct.items()},
+        "branch_accuracy": accuracy, "best_branch": best,
+        "selector_accuracy": round(float(selector_correct.mean()), 4),
+        "gap_vs_best": [round(gap, 4), round(low, 4), round(high, 4)],
+        "decisions_read_back": int((arms >= 0).sum()),
+        "selector_counters": {k: counters.get(k) for k in ("decisions", "feedback_learned", "feedback_expired",
+                                                           "state_records")},
+        "windows": windows,
+        "degraded_share_window_ending_2000": target_window["degraded_share"],
+        "targets": {
+            "degraded_share_lt_10pct_within_2000": target_window["degraded_share"] < 0.10,
+            "accuracy_within_2pts_of_best": gap >= -0.02,
+        },
+    }
+    _print(result)
+    return result
+
+
+def _print(r: dict[str, Any]) -> None:
+    console.print(f"\nExp3 over {', '.join(f'{b} ({m})' for b, m in r['branches'].items())}; "
+                  f"'{r['degraded']}' gets input noise (sigma {r['sigma']}) from request {r['change_at']}")
+    console.print("window (requests after the change)  share on degraded  selector accuracy")
+    for w in r["windows"]:
+        console.print(f"  [{w['from']:>6}, {w['to']:>6})                  {w['degraded_share']:>6.1%}"
+                      f"             {w['accuracy']:.1%}")
+    console.print("branch accuracy, always picking it (before / after the change / overall):")
+    for b in r["branches"]:
+        console.print(f"  {b:<6} {r['branch_accuracy_before'][b]:.1%} / {r['branch_accuracy_after'][b]:.1%} / "
+                      f"{r['branch_accuracy'][b]:.1%}")
+    gap = r["gap_vs_best"]
+    console.print(f"selector {r['selector_accuracy']:.1%} vs best branch '{r['best_branch']}' "
+                  f"{r['branch_accuracy'][r['best_branch']]:.1%}: gap {gap[0]:+.1%} (95% CI {gap[1]:+.1%} .. "
+                  f"{gap[2]:+.1%})")
