@@ -46,13 +46,23 @@ class Target:
         return reply.status == 200
 
     async def ready(self, body: bytes, timeout_s: float = 120.0) -> None:
-        """Wait until the model answers ``body`` with 200 (a server still loading answers otherwise)."""
+        """Wait until the server says the model is ready (V2 ``GET /v2/models/{model}/ready``) and then
+        answers ``body`` with 200. Either alone is not enough: a server still loading can answer one
+        request that was queued before it refused the rest, or say ready before its first call works."""
         deadline = time.perf_counter() + timeout_s
-        while time.perf_counter() < deadline:
-            if await self.call(body):
-                return
-            await asyncio.sleep(0.2)  # polling a server that is starting, not synchronisation
-        raise RuntimeError(f"{self.url} did not answer {self.path} with 200 within {timeout_s:g} s")
+        for check in (self._says_ready, lambda: self.call(body)):
+            while not await check():
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(f"{self.url}: model '{self.model}' was not ready and answering within "
+                                       f"{timeout_s:g} s")
+                await asyncio.sleep(0.2)  # polling a server that is starting, not synchronisation
+
+    async def _says_ready(self) -> bool:
+        try:
+            reply = await self.http.request("GET", f"/v2/models/{self.model}/ready")
+        except (OSError, TimeoutError, asyncio.IncompleteReadError):
+            return False
+        return reply.status == 200
 
     async def close(self) -> None:
         await self.http.close()

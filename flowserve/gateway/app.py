@@ -18,7 +18,7 @@ from flowserve.errors import BrokerError, DeadlineExceeded, ErrorKind, WireError
 from flowserve.gateway.admission import check_inputs
 from flowserve.gateway.bridge import KafkaBridge
 from flowserve.gateway.cache import CACHE_HEADER, ResponseCache
-from flowserve.gateway.health import ReadinessProbe
+from flowserve.gateway.health import Readiness, ReadinessProbe
 from flowserve.gateway.server import HttpServer, Request, Response, error_response, json_response
 from flowserve.gateway.settings import GatewaySettings
 from flowserve.kafka.replies import Reply
@@ -35,6 +35,8 @@ log = logging.getLogger("flowserve.gateway")
 EXTENSIONS = ["binary_tensor_data", "health", "model_repository_metadata"]
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 _OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+#: how often readiness is probed while a model is refused (else every ``ready_cache_s``)
+_RECOVER_POLL_S = 0.2
 
 
 #: The HTTP status of each kind of failure: the one place where errors become statuses.
@@ -186,7 +188,7 @@ class Gateway:
     # -- health and metadata -----------------------------------------------------------------------
 
     async def _ready(self, name: str | None) -> Response:
-        states = await self.probe.check()
+        states = await self._readiness()
         chosen = [states[name]] if name is not None else list(states.values())
         bad = [s.reason for s in chosen if not s.ready]
         if bad:
@@ -204,17 +206,32 @@ class Gateway:
                         for n, p in t.output_ports().items()],
         }
 
-    async def _watch_readiness(self) -> None:
-        """Keep :attr:`_down` current, off the request path: a request reads it and never awaits a probe."""
-        while True:
-            states = await self.probe.check()
-            down = {name: s.reason for name, s in states.items() if s.dead}
+    async def _readiness(self, max_age_s: float | None = None) -> dict[str, Readiness]:
+        """Probe (or reuse a recent answer) and bring :attr:`_down` up to date with it.
+
+        Every fresh answer updates what requests read, whoever asked: a caller told "ready" by
+        ``/v2/.../ready`` is not then refused by a mark the watcher has not yet lifted.
+        """
+        states = await self.probe.check(max_age_s)
+        down = {name: s.reason for name, s in states.items() if s.dead}
+        if self.settings.fail_fast and down != self._down:
             for name in down.keys() - self._down.keys():
                 log.warning("refusing requests to model '%s' (503) until it recovers: %s", name, down[name])
             for name in self._down.keys() - down.keys():
                 log.info("model '%s' has a worker in every stage again: accepting requests", name)
             self._down = down
-            await asyncio.sleep(max(self.settings.ready_cache_s, 0.1))  # polling period, not synchronisation
+        return states
+
+    async def _watch_readiness(self) -> None:
+        """Keep :attr:`_down` current, off the request path: a request reads it and never awaits a probe.
+
+        While a model is refused the probe runs every 0.2 s, so that it is accepted again soon after its
+        worker joins (one FindCoordinator and one DescribeGroups per group: cheap at that rate).
+        """
+        while True:
+            period = _RECOVER_POLL_S if self._down else max(self.settings.ready_cache_s, 0.1)
+            await self._readiness(period)
+            await asyncio.sleep(period)  # polling period, not synchronisation
 
     # -- inference ---------------------------------------------------------------------------------
 

@@ -85,11 +85,12 @@ class ReadinessProbe:
                 await self._admin.close()
             self._admin = None
 
-    async def check(self) -> dict[str, Readiness]:
-        """Readiness of every served topology (cached)."""
+    async def check(self, max_age_s: float | None = None) -> dict[str, Readiness]:
+        """Readiness of every served topology: an answer up to ``max_age_s`` old (default ``cache_s``)."""
         async with self._lock:
             now = time.monotonic()
-            if self._cache is not None and now - self._cache[0] < self.cache_s:
+            max_age = self.cache_s if max_age_s is None else max_age_s
+            if self._cache is not None and now - self._cache[0] < max_age:
                 return self._cache[1]
             try:
                 result = await asyncio.wait_for(self._probe(), 5.0)

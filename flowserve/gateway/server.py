@@ -35,6 +35,8 @@ _REASONS = {s.value: s.phrase for s in HTTPStatus}
 #: complete requests a pipelining client may have queued on one connection before reading pauses
 _MAX_QUEUED = 16
 _NEVER = float("inf")
+#: how long a connection closed after a refusal keeps reading (and dropping) what its client still sends
+_LINGER_S = 2.0
 
 
 @dataclass(slots=True)
@@ -212,7 +214,7 @@ class _Connection(asyncio.Protocol):
         elif self._failure is not None:
             status, message = self._failure
             self._write(error_response(status, message), keep_alive=False)
-            self._close()
+            self._close(linger=True)
 
     async def _run(self, request: Request, keep_alive: bool) -> None:
         try:
@@ -223,7 +225,7 @@ class _Connection(asyncio.Protocol):
         self._write(response, keep_alive)
         self._task = None
         if not keep_alive:
-            self._close()
+            self._close(linger=True)
             return
         if self._transport is not None and len(self._queue) < _MAX_QUEUED:
             self._transport.resume_reading()
@@ -251,11 +253,26 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.pause_reading()
 
-    def _close(self) -> None:
+    def _close(self, *, linger: bool = False) -> None:
+        """Close the connection; ``linger``: after the last response, half-close first and read (dropping
+        it) what the client still sends for up to ``_LINGER_S``.
+
+        Closing a socket whose input was not all read makes the kernel answer with a reset, and a reset can
+        destroy the response just written before the client reads it (the "TCP reset problem" of RFC 9112
+        section 9.6). A client still sending after a refusal (a trickled head, a body we will not read) is
+        exactly that case, so those responses end with a lingering close, as nginx's ``lingering_close``.
+        """
         self._closing = True
         self._disarm()
-        if self._transport is not None:
-            self._transport.close()
+        transport = self._transport
+        if transport is None:
+            return
+        if linger and transport.can_write_eof():
+            transport.write_eof()
+            transport.resume_reading()  # data_received drops input once closing
+            self._arm(_LINGER_S, self._close)  # the client's own close usually comes first
+        else:
+            transport.close()
 
     # -- timers ------------------------------------------------------------------------------------
 
