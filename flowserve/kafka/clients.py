@@ -14,6 +14,12 @@ from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 
 # Headroom over the largest record: batch framing, headers, key.
 OVERHEAD = 64 * 1024
+#: Consumers refresh cluster metadata at least this often. aiokafka 0.14 does not refresh it when the
+#: ListOffsets that resolves a partition's position (after a rebalance, with no committed offset) fails with
+#: NOT_LEADER: it asks the same stale leader again until the metadata ages out (5 minutes by default). After
+#: a broker fault this stalled a partition for minutes (the freeze-leader test); the Java client fixed the
+#: same loop in KAFKA-9535. One metadata request per consumer every 10 s is the bound's price.
+METADATA_MAX_AGE_MS = 10_000
 
 
 def make_consumer(kafka: KafkaSettings, worker: WorkerSettings, *, group_id: str | None,
@@ -32,6 +38,7 @@ def make_consumer(kafka: KafkaSettings, worker: WorkerSettings, *, group_id: str
         max_poll_interval_ms=worker.rebalance_timeout_ms,
         rebalance_timeout_ms=worker.rebalance_timeout_ms,
         partition_assignment_strategy=(RangePartitionAssignor,),
+        metadata_max_age_ms=METADATA_MAX_AGE_MS,
         **kafka.client_kwargs(),
         **extra,
     )

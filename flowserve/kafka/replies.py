@@ -27,7 +27,7 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from flowserve.errors import BrokerError, DeadlineExceeded, ErrorKind, Failure, FlowserveError, WireError
-from flowserve.kafka.clients import OVERHEAD, make_producer
+from flowserve.kafka.clients import METADATA_MAX_AGE_MS, OVERHEAD, make_producer
 from flowserve.kafka.outbox import Outbox
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.wire.envelope import H_ID, H_NODE, Headers, failure_of, now_ms
@@ -150,6 +150,7 @@ class ReplyRouter:
         consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False,
                                     fetch_max_wait_ms=self.kafka.fetch_max_wait_ms,
                                     max_partition_fetch_bytes=max(1 << 20, self._max_message_bytes + OVERHEAD),
+                                    metadata_max_age_ms=METADATA_MAX_AGE_MS,
                                     **self._client, **self.kafka.client_kwargs())
         try:
             await consumer.start()
