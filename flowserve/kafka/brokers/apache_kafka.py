@@ -346,7 +346,7 @@ class ApacheKafka(_Managed):
 
     def pause_node(self, i: int) -> None:
         """Freeze node ``i`` (SIGSTOP), as a long GC pause or a stalled VM would; :meth:`resume_node` undoes it."""
-        self._nodes[i].signal(signal.SIGSTOP)
+        self._nodes[i].stop()
 
     def resume_node(self, i: int) -> None:
         self._nodes[i].signal(signal.SIGCONT)

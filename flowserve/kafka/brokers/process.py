@@ -118,6 +118,23 @@ class _Node:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(sig)
 
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """SIGSTOP, returning once the process is stopped: the signal is delivered asynchronously, and a
+        request sent meanwhile could still be answered (Linux /proc; elsewhere it returns at once)."""
+        self.signal(signal.SIGSTOP)
+        if self.process is None:
+            return
+        stat = Path(f"/proc/{self.process.pid}/stat")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                state = stat.read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return
+            if state in ("T", "t"):
+                return
+            time.sleep(0.002)  # polling the kernel's process state, bounded
+
     def kill(self, grace_s: float) -> None:
         """SIGTERM, then SIGKILL after ``grace_s`` (at once when 0), and reap the process."""
         if self.process is None:
@@ -281,7 +298,7 @@ class _Managed:
 
     def pause(self) -> None:
         for node in self._nodes:
-            node.signal(signal.SIGSTOP)
+            node.stop()
 
     def resume(self) -> None:
         for node in self._nodes:
