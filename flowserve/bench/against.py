@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Generator
 from pathlib import Path
@@ -32,6 +31,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from flowserve.bench.common import console, cpu_seconds
+from flowserve.bench.gateway import start_gateway
 from flowserve.bench.load import Target, closed_slice, poisson_slice
 from flowserve.bench.paired import Slice, percentile_ratio, summary, throughput_ratio
 from flowserve.bench.procs import cpu_of, listener_pids, with_children
@@ -45,21 +45,6 @@ from flowserve.wire.v2 import build_request
 LEVELS = (1, 8, 32, 128)
 TOPOLOGIES = (Path("topologies/digits-fused.yaml"), Path("topologies/digits.yaml"))
 FS, OTHER = "flowserve", "other"
-
-
-def start_gateway(kafka: KafkaSettings, paths: list[Path], processes: int = 1) -> tuple[subprocess.Popen[str], str]:
-    """``flowserve gateway`` in its own process (``processes`` > 1: that many on one port); its URL."""
-    env = {**os.environ, "FLOWSERVE_FETCH_MAX_WAIT_MS": str(kafka.fetch_max_wait_ms)}
-    cmd = [sys.executable, "-m", "flowserve", "gateway", *map(str, paths), "--broker", kafka.bootstrap, "--port", "0"]
-    if processes > 1:
-        cmd += ["--processes", str(processes)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None
-    url = proc.stdout.readline().strip()
-    if not url.startswith("http://"):
-        proc.kill()
-        raise RuntimeError(f"the gateway did not start (printed {url!r})")
-    return proc, url
 
 
 def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
@@ -136,7 +121,7 @@ async def compare_topology(kafka: KafkaSettings, path: Path, url: str, model: st
     await create_topology_topics(topology, kafka)
     host = ProcessHost(path, topology, kafka)
     host.start_processes()
-    gateway, fs_url = start_gateway(kafka, [path], gateway_processes)
+    gateway, fs_url = start_gateway(kafka, path, processes=gateway_processes)
     targets = {FS: Target(fs_url, topology.name), OTHER: Target(url, model or topology.name)}
     loads: list[dict[str, Any]] = []
     try:

@@ -52,12 +52,16 @@ async def _closed_loop(call: Any, concurrency: int, seconds: float, n_inputs: in
     return _stats(done.latencies, done.seconds, errors)
 
 
-def start_gateway(kafka: KafkaSettings, path: Path) -> tuple[subprocess.Popen[str], str]:
+def start_gateway(kafka: KafkaSettings, *paths: Path, processes: int = 1) -> tuple[subprocess.Popen[str], str]:
+    """``flowserve gateway`` serving ``paths`` in its own process (``processes`` > 1: that many on one
+    port); its URL."""
     # The gateway reads its connection from --broker and FLOWSERVE_* variables, as the workers do: the
     # embedded broker answers a fetch only when its wait ends, so the gateway must get that broker's wait.
     env = {**os.environ, "FLOWSERVE_FETCH_MAX_WAIT_MS": str(kafka.fetch_max_wait_ms)}
-    proc = subprocess.Popen([sys.executable, "-m", "flowserve", "gateway", str(path), "--broker",
-                             kafka.bootstrap, "--port", "0"], stdout=subprocess.PIPE, text=True, env=env)
+    cmd = [sys.executable, "-m", "flowserve", "gateway", *map(str, paths), "--broker", kafka.bootstrap, "--port", "0"]
+    if processes > 1:
+        cmd += ["--processes", str(processes)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
     if not url.startswith("http://"):
