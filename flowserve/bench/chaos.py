@@ -6,7 +6,7 @@ and a ``flowserve gateway`` process in front. Two callers send at fixed rates fo
 JSON through the gateway) and asynchronous (:class:`~flowserve.client.TopologyClient` over Kafka). Meanwhile
 faults come at seeded random intervals: SIGKILL of a worker (the supervisor restarts it), SIGSTOP of a
 worker for a few seconds, a gateway restart on the same port, and with ``--nodes 3`` a broker node killed
-and restarted (``--pause-broker`` adds freezing one; off by default: a frozen leader is a known defect).
+and restarted or frozen for a few seconds (``--no-pause-broker`` leaves the freezes out).
 
 At the end it checks, independently:
 
@@ -85,7 +85,7 @@ class ChaosConfig:
     #: mean gap between faults (each gap is uniform in 0.5..1.5 times this)
     fault_every_s: float = 20.0
     #: also freeze a broker node (SIGSTOP) for a few seconds; needs nodes=3
-    pause_broker: bool = False
+    pause_broker: bool = True
     #: after the traffic stops: how long replies and lag may take to settle
     settle_s: float = 180.0
 

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
 RESAMPLES = 1000
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -35,7 +37,7 @@ class Slice:
     latencies: list[float] = field(default_factory=list)
 
 
-def balanced_order(labels: Sequence[str], rounds: int) -> list[str]:
+def balanced_order(labels: Sequence[T], rounds: int) -> list[T]:
     """The order in which configurations take their slices: each label ``rounds`` times (rounded up to a
     multiple of ``len(labels) - 1``), and every label right after every other equally often.
 
@@ -43,13 +45,32 @@ def balanced_order(labels: Sequence[str], rounds: int) -> list[str]:
     ``b`` once, so whatever a configuration leaves behind (a detector finishing its last windows, a
     broker cleaning up) lands more on one neighbour than the other. Here, for a prime number of labels,
     the walks ``0, k, 2k, ...`` (mod n) for ``k = 1 .. n-1`` together take every ordered pair once:
-    ``abc acb`` for three.
+    ``abc acb`` for three. For any other number, an Eulerian circuit of the complete directed graph on the
+    labels does the same (one exists for every ``n``: each label has ``n - 1`` ways in and out).
     """
     n = len(labels)
-    if n < 2 or any(n % d == 0 for d in range(2, n)):
-        raise ValueError(f"need a prime number of configurations (2, 3, 5, ...), got {n}")
-    period = [labels[(i * k) % n] for k in range(1, n) for i in range(n)]
+    if n < 2:
+        raise ValueError(f"need at least two configurations to take turns, got {n}")
+    if not any(n % d == 0 for d in range(2, n)):
+        period = [labels[(i * k) % n] for k in range(1, n) for i in range(n)]
+    else:
+        period = [labels[i] for i in _every_pair_once(n)]
     return period * -(-rounds // (n - 1))
+
+
+def _every_pair_once(n: int) -> list[int]:
+    """A cyclic order of ``0 .. n-1`` in which every ordered pair of distinct labels is adjacent once
+    (Hierholzer's walk over the complete directed graph)."""
+    unused = {v: [w for w in range(n - 1, -1, -1) if w != v] for v in range(n)}
+    stack, circuit = [0], []
+    while stack:
+        v = stack[-1]
+        if unused[v]:
+            stack.append(unused[v].pop())
+        else:
+            circuit.append(stack.pop())
+    circuit.reverse()
+    return circuit[:-1]  # the walk ends where it began
 
 
 def throughput(slices: Sequence[Slice]) -> float:

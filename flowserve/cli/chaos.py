@@ -13,6 +13,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chaos-rate", type=float, default=20.0,
                    help="chaos: requests per second from each caller (HTTP and async)")
     p.add_argument("--fault-every", type=float, default=20.0, help="chaos: mean seconds between faults")
-    p.add_argument("--pause-broker", action="store_true",
-                   help="chaos with --nodes 3: also freeze a broker node for seconds (a known defect may lose "
-                   "answers, issue 18)")
+    p.add_argument("--pause-broker", action=argparse.BooleanOptionalAction, default=True,
+                   help="chaos with --nodes 3: also freeze a broker node (SIGSTOP) for seconds (default: on)")

@@ -55,6 +55,14 @@ class _DescribeGroups(
         return request_struct_class(self.groups, False)
 
 
+#: how long a stage whose consumer group had members may show none before the gateway refuses its
+#: requests. A frozen broker showed the group empty for 18 s in tests/integration/test_broker_faults.py:
+#: the coordinator moved and dropped the members, which rejoined only once their workers' produce to the
+#: frozen leader gave up; Kafka's own windows for such a fault are 9 s (broker.session.timeout.ms) to
+#: 30 s (replica.lag.time.max.ms).
+DEAD_AFTER_S = 30.0
+
+
 @dataclass(frozen=True, slots=True)
 class Readiness:
     ready: bool
@@ -78,6 +86,8 @@ class ReadinessProbe:
         self._cache: tuple[float, dict[str, Readiness]] | None = None
         self._lock = asyncio.Lock()
         self._supported = True
+        #: groups some probe saw with members -> since when it has been seen empty (None: not empty); see _dead
+        self._empty_since: dict[str, float | None] = {}
 
     async def close(self) -> None:
         if self._admin is not None:
@@ -113,7 +123,7 @@ class ReadinessProbe:
                     for name in self.topologies}
         groups = {t.group_id(n): (t.name, n) for t in self.topologies.values() for n in t.nodes}
         members: dict[str, int] = {}
-        present: dict[str, int] = {}
+        present: dict[str, int] = {}  # groups described without error: their member count
         by_node: dict[int, list[str]] = {}
         for group in groups:
             try:
@@ -130,7 +140,8 @@ class ReadinessProbe:
                     error_code, group_id, state, members_list = g[0], g[1], g[2], g[5]
                     # Members of a group that is still rebalancing do not consume yet: only Stable counts.
                     members[group_id] = len(members_list) if not error_code and state == "Stable" else 0
-                    present[group_id] = len(members_list) if not error_code else 0
+                    if not error_code:
+                        present[group_id] = len(members_list)
         except IncompatibleBrokerVersion:
             log.warning("broker does not support DescribeGroups: readiness only checks that it answers")
             self._supported = False
@@ -138,7 +149,7 @@ class ReadinessProbe:
         out: dict[str, Readiness] = {}
         for name, t in self.topologies.items():
             missing = [n for n in t.nodes if not members.get(t.group_id(n))]
-            dead = tuple(n for n in t.nodes if not present.get(t.group_id(n)))
+            dead = tuple(n for n in t.nodes if self._dead(t.group_id(n), present))
             if missing:
                 out[name] = Readiness(False, f"model '{name}': stage(s) {', '.join(missing)} have no live worker "
                                              f"(consumer group {t.group_id(missing[0])} has no member or is "
@@ -146,3 +157,22 @@ class ReadinessProbe:
             else:
                 out[name] = Readiness(True, "every stage has a live worker")
         return out
+
+    def _dead(self, group: str, present: dict[str, int]) -> bool:
+        """No member at all, for long enough to say so. A group never seen with members is dead as soon as
+        it is described empty or cannot be described (no coordinator yet). One that had members is dead
+        once it has been described empty for ``DEAD_AFTER_S``, and never while it cannot be described:
+        after a broker fault its coordinator moves and its members rejoin, and meanwhile it shows empty or
+        not at all though its workers are alive and will answer."""
+        if present.get(group):
+            self._empty_since[group] = None
+            return False
+        if group not in self._empty_since:
+            return True
+        if group not in present:  # not describable now: nothing new is known about it
+            return False
+        since = self._empty_since[group]
+        if since is None:
+            since = self._empty_since[group] = time.monotonic()
+        log.debug("consumer group %s has no member (for %.1f s)", group, time.monotonic() - since)
+        return time.monotonic() - since > DEAD_AFTER_S

@@ -50,6 +50,7 @@ def make_producer(kafka: KafkaSettings, worker: WorkerSettings, *, max_message_b
     idempotent = kafka.idempotence and worker.acks == "all"
     return AIOKafkaProducer(
         acks=worker.acks,
+        request_timeout_ms=worker.request_timeout_ms,
         enable_idempotence=idempotent,
         linger_ms=0,
         max_batch_size=max(worker.producer_batch_bytes, max_message_bytes + OVERHEAD),

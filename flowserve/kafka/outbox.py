@@ -54,6 +54,10 @@ class Outbox:
                 futures.append(await self._producer.send_batch(builder, topic, partition=partition))
         return sent, futures
 
+    def discard(self) -> None:
+        """Drop every queued record (the worker re-reads their inputs after a failed produce)."""
+        self._builders, self._full, self.count = {}, [], 0
+
     async def flush(self) -> int:
         """Send what is queued and wait for every acknowledgement. Raises if any send failed."""
         sent, futures = await self.send()

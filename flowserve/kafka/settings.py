@@ -94,6 +94,10 @@ class WorkerSettings(BaseModel):
     max_partition_fetch_bytes: int = Field(4 * 1_048_576, ge=1024)
     producer_batch_bytes: int = Field(1_048_576, ge=16_384)
     acks: Literal[0, 1, "all"] = "all"
+    request_timeout_ms: int = Field(
+        10_000, ge=100, description="how long a batch's outputs may wait for the broker's acknowledgement; past it "
+        "the worker re-reads the batch's inputs and tries again (flowserve.runtime.rewind). aiokafka's default is "
+        "40 s; a frozen leader held a worker's step, and so its group membership, that long")
     commit_interval_ms: int = Field(100, ge=0, description="under load, commit at most this often (0: every batch)")
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     honour_deadlines: bool = Field(

@@ -51,6 +51,8 @@ class Counters:
     join_late: int = 0
     #: deadline join: requests answered at their fire time with inputs absent
     join_partial: int = 0
+    #: produces that failed for a while (a broker fault): the worker re-read from its last acknowledged offsets
+    rewinds: int = 0
     #: dead letters per error kind (``flowserve.errors.ErrorKind``)
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
 

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 SIZE_BOUNDS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 MS_BOUNDS = [0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 2000,
              5000, 10_000]
-COUNTERS = ("requests_ok", "refused", "expired", "late", "dead_lettered", "error_results", "duplicates", "doomed")
+COUNTERS = ("requests_ok", "refused", "expired", "late", "dead_lettered", "error_results", "duplicates", "doomed",
+            "rewinds")
 #: counters of parity hooks (flowserve.parity), shown by ``flowserve stats`` where a worker reports them
 PARITY_COUNTERS = ("parity_groups", "parity_queries", "parity_abandoned", "parity_outputs", "reconstructed",
                    "parity_late_real")

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError, KafkaTimeoutError
 
 from flowserve.component import Batch, Component, read_result
 from flowserve.errors import ErrorKind, Failure, FlowserveError, WireError
@@ -39,6 +39,7 @@ from flowserve.runtime.hooks import BatchOutcome, HookFactory, StageContext, no_
 from flowserve.runtime.join import TP, JoinBuffer, Ready
 from flowserve.runtime.metrics import NodeMetrics
 from flowserve.runtime.profiles import ExecProfile, load_node_profiles
+from flowserve.runtime.rewind import Backoff, ResumePoints, abandon, transient
 from flowserve.topology.graph import Node, Topology
 from flowserve.wire.envelope import (
     H_DEADLINE,
@@ -67,6 +68,7 @@ class _Rebalance(ConsumerRebalanceListener):
                 self.worker.join.drop_partitions({tp.partition for tp in revoked})
             if self.worker._first is not None:
                 self.worker._first.drop(revoked)
+            self.worker._resume.forget(revoked)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         if self.worker.paused:  # an operator's pause holds across rebalances
@@ -141,6 +143,9 @@ class StageWorker(Emitter):
         self._first = FirstWins(self.node.first_wins) if self.node.first_wins else None
         #: the batch awaiting its acknowledgements: futures, offsets, and whether it may commit (see _settle)
         self._inflight: tuple[list[Any], dict[TopicPartition, int], bool] | None = None
+        #: where to re-read from when a produce fails (flowserve.runtime.rewind)
+        self._resume = ResumePoints()
+        self._backoff = Backoff()
         self.consumer = make_consumer(kafka, self.settings, group_id=topology.group_id(node_id),
                                       max_message_bytes=self.max_bytes, client_id=f"fs-{node_id}")
         self.producer = make_producer(kafka, self.settings, max_message_bytes=self.max_bytes,
@@ -276,7 +281,39 @@ class StageWorker(Emitter):
             await asyncio.sleep(timeout / 1000)
             return
         async with self._step_lock:
-            await self._handle(fetched)
+            try:
+                await self._handle(fetched)
+            except KafkaError as exc:
+                if not transient(exc) or self.held is not None:
+                    raise
+                await self._rewind(exc)
+                return
+        self._backoff.reset()
+
+    async def _rewind(self, exc: KafkaError) -> None:
+        """The broker did not take some outputs: drop what is unacknowledged and re-read each partition from
+        its first record whose outputs were not acknowledged (see :mod:`flowserve.runtime.rewind`)."""
+        if self._inflight is not None:
+            abandon(self._inflight[0])
+        abandon(self._early)
+        self._inflight, self._early = None, []
+        self.outbox.discard()
+        assigned = self.consumer.assignment()
+        targets = self._resume.targets(assigned)
+        for tp, offset in targets.items():
+            self.consumer.seek(tp, offset)
+            self._seen[(tp.topic, tp.partition)] = offset
+        # What joins and first-wins inputs remember of the re-read records would drop them: forget it.
+        if self.join is not None:
+            self.join.drop_partitions({tp.partition for tp in assigned})
+        if self._first is not None:
+            self._first.drop(assigned)
+        self.counters.rewinds += 1
+        delay = self._backoff.next()
+        log.warning("node %s: outputs not acknowledged by the broker (%r); re-reading %s in %.1f s", self.node.id,
+                    exc, ", ".join(f"{tp.topic}[{tp.partition}]@{off}" for tp, off in sorted(targets.items())) or
+                    "nothing", delay)
+        await asyncio.sleep(delay)
 
     async def _fill(self, fetched: dict[TopicPartition, list[Any]], size: int,
                     wait_ms: float) -> dict[TopicPartition, list[Any]]:
@@ -294,6 +331,7 @@ class StageWorker(Emitter):
         now = now_ms()
         items: list[Item] = []
         handled: dict[TP, int] = {}
+        self._resume.fetched(fetched)
         for tp, records in fetched.items():
             if records:
                 key = (tp.topic, tp.partition)
@@ -332,7 +370,11 @@ class StageWorker(Emitter):
         # broker's ack round trip overlaps useful work. Commits still follow their own batch's acks.
         previous, self._inflight = self._inflight, None
         if previous is not None:
-            await self._settle(*previous)
+            try:
+                await self._settle(*previous)
+            except BaseException:
+                abandon(futures)
+                raise
         if handled or futures:
             offsets = self._offsets(handled)
             if fetched:
@@ -343,19 +385,44 @@ class StageWorker(Emitter):
             await self.commits.commit()  # idle: do not leave acknowledged work uncommitted
 
     async def drain(self) -> None:
-        """Wait for the batch in flight to be acknowledged and commit everything acknowledged."""
+        """Wait for the batch in flight to be acknowledged and commit everything acknowledged.
+
+        Outputs the broker does not take in time are given up, their offsets not committed: whoever owns
+        the partitions next (this worker after a rebalance, or another) reads those inputs again. A
+        rebalance must not wait on a broker fault: until this returns, the worker cannot rejoin its group.
+        """
         previous, self._inflight = self._inflight, None
         flushed: list[Any] = []
         self._after_step(force=True)
-        if self.outbox.count:
-            flushed = (await self.outbox.send())[1]
-        if previous is not None:
-            futures, offsets, _ = previous
-            await self._settle([*futures, *flushed], offsets, force=True)
-        elif flushed:
-            await asyncio.gather(*flushed)
+        try:
+            if self.outbox.count:
+                flushed = (await self.outbox.send())[1]
+            if previous is not None:
+                futures, offsets, _ = previous
+                await self._settle([*futures, *flushed], offsets, force=True)
+            elif flushed:
+                await self._acknowledged(flushed)
+        except KafkaError as exc:
+            if not transient(exc):
+                raise
+            self.outbox.discard()
+            log.warning("node %s: outputs not acknowledged by the broker (%r); their inputs are not committed and "
+                        "will be read again", self.node.id, exc)
         if self.commits.pending:
             await self.commits.commit()
+
+    async def _acknowledged(self, futures: list[Any]) -> None:
+        """Wait for delivery futures, at most ``request_timeout_ms``: a produce stuck on a frozen leader
+        (aiokafka retries an idempotent batch without end) must not hold the step, and with it the
+        worker's group membership, longer than that. Raises ``KafkaTimeoutError`` past it."""
+        try:
+            await asyncio.wait_for(asyncio.gather(*futures), self.settings.request_timeout_ms / 1000)
+        except BaseException as exc:
+            abandon(futures)
+            if isinstance(exc, TimeoutError):
+                raise KafkaTimeoutError(f"{len(futures)} batch(es) not acknowledged within "
+                                        f"{self.settings.request_timeout_ms} ms") from None
+            raise
 
     async def _settle(self, futures: list[Any], offsets: dict[TopicPartition, int], clean: bool = True, *,
                       force: bool = False) -> None:
@@ -366,8 +433,9 @@ class StageWorker(Emitter):
         nothing commits until a later batch carries them.
         """
         if futures:
-            await asyncio.gather(*futures)
+            await self._acknowledged(futures)
         self.commits.add(offsets)
+        self._resume.acknowledged(offsets)
         if self.commits.pending and (force or (clean and self.commits.due())):
             await self.commits.commit()
 

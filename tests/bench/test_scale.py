@@ -16,3 +16,15 @@ def test_burn_passes_rows_through() -> None:
 def test_bench_scale_is_a_workload() -> None:
     args = build_parser().parse_args(["bench", "scale", "--rounds", "2", "--slice-seconds", "1"])
     assert (args.workload, args.rounds, args.slice_seconds) == ("scale", 2, 1.0)
+
+
+def test_both_halves_deploy_valid_topologies(tmp_path) -> None:  # noqa: ANN001
+    from flowserve.bench.scale import _CPU_TOPOLOGY, _EMULATED_TOPOLOGY
+    from flowserve.topology import load_topology
+
+    for i, template in enumerate((_CPU_TOPOLOGY, _EMULATED_TOPOLOGY)):
+        path = tmp_path / f"t{i}.yaml"
+        path.write_text(template.format(name=f"scale-{i}", replicas=8))
+        topology = load_topology(path)
+        assert topology.nodes["stage"].replicas == 8
+        assert topology.spec.partitions == 8

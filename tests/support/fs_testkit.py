@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import ClassVar
 
 import numpy as np
@@ -199,3 +200,14 @@ class Widen(Component):
 
     def process(self, batch: Batch) -> dict[str, np.ndarray]:
         return {"x": np.concatenate([batch["x"], batch["x"]], axis=1)}
+
+
+class SlowAddOne(Component):
+    """``x + 1`` after 20 ms per batch: keeps a worker busy in one step long enough to break the broker under it."""
+
+    inputs: ClassVar[dict[str, Port]] = {"x": Port("FP32", [-1, 4])}
+    outputs: ClassVar[dict[str, Port]] = {"x": Port("FP32", [-1, 4])}
+
+    def process(self, batch: Batch) -> dict[str, np.ndarray]:
+        time.sleep(0.02)
+        return {"x": batch["x"] + 1}

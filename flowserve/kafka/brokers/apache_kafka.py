@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -211,6 +212,8 @@ class ApacheKafka(_Managed):
         self.broker_ports = broker_ports
         #: ports of the extra listeners given to :meth:`start`, by listener name
         self.listener_ports: dict[str, int] = {}
+        #: the KRaft controller listener of each node (they are combined broker+controller nodes)
+        self.controller_ports: list[int] = []
         self.bootstrap = ",".join(f"{_HOST}:{port}" for port in broker_ports)
         self._timeout_s = timeout_s
         self._archive = archive
@@ -305,6 +308,7 @@ class ApacheKafka(_Managed):
             cluster_nodes.append(_Node(argv, home / "broker.log", cwd=home, env=os.environ))
         cluster = cls(cluster_nodes, workdir, broker_ports, timeout_s, archive, archive_dump)
         cluster.listener_ports = listener_ports
+        cluster.controller_ports = controller_ports
         scram = [arg for user, password in (scram_users or {}).items()
                  for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512")
                  for arg in ("--add-scram", f"{mechanism}=[name={user},password={password}]")]
@@ -350,6 +354,22 @@ class ApacheKafka(_Managed):
 
     def resume_node(self, i: int) -> None:
         self._nodes[i].signal(signal.SIGCONT)
+
+    def active_controller(self, libs_dir: str | Path | None = None) -> int:
+        """The node id of the KRaft quorum's leader, the active controller, as Kafka's own
+        ``kafka-metadata-quorum describe --status`` reports it (its jars: ``fetch-jars.sh tools``)."""
+        tools = kafka_tools_dir(libs_dir)
+        live = ",".join(f"{_HOST}:{port}" for node, port in zip(self._nodes, self.controller_ports, strict=True)
+                        if node.alive)
+        main = "org.apache.kafka.tools.MetadataQuorumCommand"
+        done = subprocess.run([_java(), *QUICK_JVM, "-cp", str(tools / "*"), main,
+                               "--bootstrap-controller", live, "describe", "--status"],
+                              capture_output=True, text=True, timeout=self._timeout_s, check=False)
+        found = re.search(r"^LeaderId:\s*(\d+)", done.stdout, re.MULTILINE)
+        if done.returncode or found is None:
+            raise BrokerError(f"Apache Kafka: could not tell the active controller (exit {done.returncode}): "
+                              f"{(done.stderr or done.stdout)[-1000:]}")
+        return int(found.group(1))
 
     def restart_node(self, i: int) -> None:
         """Start node ``i`` again on its data and ports; returns once it serves and is in the cluster."""
