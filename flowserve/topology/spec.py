@@ -208,7 +208,7 @@ def load_spec_text(text: str, source: str = "<string>") -> TopologySpec:
         raise TopologyError("a topology file must be a YAML mapping", source=source)
     try:
         return TopologySpec.model_validate(raw)
-    except UnicodeError as exc:
+    except UnicodeEncodeError as exc:
         # YAML decodes each \uD800-style escape on its own, so a surrogate pair written as two escapes
         # (what JSON writers emit for characters past U+FFFF) arrives as two lone surrogates.
         raise TopologyError(f"the document holds text that is not valid Unicode ({exc.reason}: a lone surrogate, "
