@@ -158,7 +158,9 @@ class AsyncHttpClient:
         head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{self._auth}{extra}"
                 f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
         for attempt in (0, 1):
-            reused = bool(self._idle)
+            # A kept-alive connection the server closed meanwhile (its idle timeout) fails at once: retry on
+            # a new one, not on another pooled connection that may have been closed just the same.
+            reused = bool(self._idle) and not attempt
             reader, writer = self._idle.pop() if reused else await asyncio.open_connection(self.host, self.port)
             try:
                 writer.write(head + body)
