@@ -171,8 +171,9 @@ class ReadinessProbe:
             return True
         if group not in present:  # not describable now: nothing new is known about it
             return False
+        now = time.monotonic()
         since = self._empty_since[group]
         if since is None:
-            since = self._empty_since[group] = time.monotonic()
-        log.debug("consumer group %s has no member (for %.1f s)", group, time.monotonic() - since)
-        return time.monotonic() - since > DEAD_AFTER_S
+            since = self._empty_since[group] = now
+        log.debug("consumer group %s has no member (for %.1f s)", group, now - since)
+        return now - since > DEAD_AFTER_S

@@ -64,10 +64,7 @@ class _Rebalance(ConsumerRebalanceListener):
         # Let the batch in flight finish and commit before the partitions move to another worker.
         async with self.worker._step_lock:
             await self.worker.drain()
-            if self.worker.join is not None:
-                self.worker.join.drop_partitions({tp.partition for tp in revoked})
-            if self.worker._first is not None:
-                self.worker._first.drop(revoked)
+            self.worker._forget_read(revoked)
             self.worker._resume.forget(revoked)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
@@ -303,17 +300,21 @@ class StageWorker(Emitter):
         for tp, offset in targets.items():
             self.consumer.seek(tp, offset)
             self._seen[(tp.topic, tp.partition)] = offset
-        # What joins and first-wins inputs remember of the re-read records would drop them: forget it.
-        if self.join is not None:
-            self.join.drop_partitions({tp.partition for tp in assigned})
-        if self._first is not None:
-            self._first.drop(assigned)
+        self._forget_read(assigned)  # what joins and first-wins inputs remember would drop the re-read records
         self.counters.rewinds += 1
         delay = self._backoff.next()
         log.warning("node %s: outputs not acknowledged by the broker (%r); re-reading %s in %.1f s", self.node.id,
                     exc, ", ".join(f"{tp.topic}[{tp.partition}]@{off}" for tp, off in sorted(targets.items())) or
                     "nothing", delay)
         await asyncio.sleep(delay)
+
+    def _forget_read(self, partitions: Any) -> None:
+        """Forget what joins and first-wins inputs hold of these partitions' records: they will be read again
+        (here after a rewind, by their new owner after a rebalance)."""
+        if self.join is not None:
+            self.join.drop_partitions({tp.partition for tp in partitions})
+        if self._first is not None:
+            self._first.drop(partitions)
 
     async def _fill(self, fetched: dict[TopicPartition, list[Any]], size: int,
                     wait_ms: float) -> dict[TopicPartition, list[Any]]:
