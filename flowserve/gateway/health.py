@@ -10,7 +10,6 @@ Apache Kafka 4 answer it. Where a broker does not support DescribeGroups, readin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -29,6 +28,7 @@ from aiokafka.protocol.admin import (
 from aiokafka.protocol.api import Request, RequestStruct
 
 from flowserve.kafka.settings import KafkaSettings
+from flowserve.kafka.shutdown import bounded
 from flowserve.topology.graph import Topology
 
 log = logging.getLogger("flowserve.gateway")
@@ -91,8 +91,7 @@ class ReadinessProbe:
 
     async def close(self) -> None:
         if self._admin is not None:
-            with contextlib.suppress(Exception):
-                await self._admin.close()
+            await bounded(self._admin.close(), "gateway readiness probe: admin client close")
             self._admin = None
 
     async def check(self, max_age_s: float | None = None) -> dict[str, Readiness]:

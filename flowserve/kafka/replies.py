@@ -30,6 +30,7 @@ from flowserve.errors import BrokerError, DeadlineExceeded, ErrorKind, Failure, 
 from flowserve.kafka.clients import METADATA_MAX_AGE_MS, OVERHEAD, make_producer
 from flowserve.kafka.outbox import Outbox
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
+from flowserve.kafka.shutdown import stop_client
 from flowserve.wire.envelope import H_ID, H_NODE, Headers, failure_of, now_ms
 from flowserve.wire.tensors import decode_tensors
 from flowserve.wire.v2 import decode_response
@@ -183,9 +184,9 @@ class ReplyRouter:
             if not future.done():
                 future.set_exception(BrokerError(f"{self.label} is shutting down; request '{rid}' got no reply"))
         if self._consumer is not None:
-            await self._consumer.stop()
+            await stop_client(self._consumer, f"{self.label}: reply consumer stop")
             self._consumer = None
-        await self._producer.stop()
+        await stop_client(self._producer, f"{self.label}: request producer stop")
 
     # -- requests --------------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from flowserve.kafka.admin import ensure_topics
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
+from flowserve.kafka.shutdown import waiting_at
 from flowserve.runtime.batching import BatchPolicy
 from flowserve.runtime.hooks import HookFactory, no_hooks
 from flowserve.runtime.worker import StageWorker
@@ -26,6 +27,10 @@ from flowserve.topology.capture import topic_configs
 from flowserve.topology.graph import Topology
 
 log = logging.getLogger("flowserve.host")
+
+#: How long InlineHost.stop waits for its workers. A worker's own stop is bounded step by step (drain,
+#: consumer, producer: about a minute at worst), so past this something outside those steps holds it.
+STOP_TIMEOUT_S = 90.0
 
 
 def warn_idle_replicas(topology: Topology, node_id: str, consumers: int) -> bool:
@@ -72,10 +77,17 @@ class InlineHost:
         for task in self._tasks:
             task.add_done_callback(_report_crash)
 
-    async def stop(self) -> None:
+    async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Ask every worker to finish its batch and commit; one still running after ``timeout_s`` is
+        cancelled, and a warning says where it waited."""
         for w in self.workers:
             w.stop()
         if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=timeout_s)
+            for task in pending:
+                log.warning("%s did not stop within %.0f s; cancelled. It waited at: %s", task.get_name(),
+                            timeout_s, waiting_at(task))
+                task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 

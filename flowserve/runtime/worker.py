@@ -9,7 +9,6 @@ an error result so callers learn of it; the rest of the batch proceeds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import json
 import logging
@@ -26,6 +25,7 @@ from flowserve.errors import ErrorKind, Failure, FlowserveError, WireError
 from flowserve.kafka.clients import make_consumer, make_producer, start_client
 from flowserve.kafka.outbox import Outbox
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
+from flowserve.kafka.shutdown import bounded, stop_client
 from flowserve.runtime.batching import BatchPolicy, describe, make_policy
 from flowserve.runtime.cache import NodeCache
 from flowserve.runtime.commits import Commits
@@ -203,15 +203,15 @@ class StageWorker(Emitter):
         if not self._started:
             return
         self._started = False
-        with contextlib.suppress(Exception):
-            await self.drain()
-        with contextlib.suppress(Exception):
-            await self.consumer.stop()
+        label = f"node {self.node.id}"
+        # Each step is bounded (flowserve.kafka.shutdown): a stop must not hang on the broker. A drain cut
+        # short leaves its inputs uncommitted, to be read again.
+        await bounded(self.drain(), f"{label}: drain", 2 * self.settings.request_timeout_ms / 1000)
+        await stop_client(self.consumer, f"{label}: consumer stop")
         if self.metrics is not None and self.settings.metrics_interval_s:
-            with contextlib.suppress(Exception):  # a last snapshot, so stats show the final counts
-                await asyncio.wait_for(self._send_snapshot(self._snapshot()), 2.0)
-        with contextlib.suppress(Exception):
-            await self.producer.stop()
+            # a last snapshot, so stats show the final counts
+            await bounded(self._send_snapshot(self._snapshot()), f"{label}: last metrics snapshot", 2.0)
+        await stop_client(self.producer, f"{label}: producer stop")
         if self.metrics is not None:
             self.metrics.close()
         self.component.close()
