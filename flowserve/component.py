@@ -263,11 +263,12 @@ class Component:
         """
         return {}
 
-    def train_parity(self, k: int) -> dict[str, Any]:
+    def train_parity(self, k: int, encoding: str = "sum") -> dict[str, Any]:
         """Train this component's parity model for groups of ``k`` (ParM, ``flowserve parity train``): a model
-        of the same architecture mapping the sum of k inputs to the sum of the k outputs, saved where a
-        ``parity:`` section can load it. Prints what it measured; returns it (JSON-able). Components
-        that can, override this; the default says it cannot."""
+        of the same architecture mapping the encoded k inputs (``encoding``: ``sum`` or ``concat``, see
+        ``flowserve.parity.codes``) to the sum of the k outputs, saved where a ``parity:`` section can load
+        it. Prints what it measured; returns it (JSON-able). Components that can, override this; the default
+        says it cannot."""
         raise ComponentError(f"{type(self).__name__} cannot train a parity model; give 'parity: {{params: ...}}' "
                              "pointing at one trained elsewhere")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -34,6 +34,8 @@ class TorchClassifierParams(BaseModel):
     path: str | None = Field(None, description="user weights: a TorchScript file or a state dict for 'model'")
     parity_k: int | None = Field(None, ge=2, le=16, description="load the zoo model's parity model for groups "
                                  "of k (trained by `flowserve parity train`) instead of the model")
+    parity_encoder: Literal["sum", "concat"] = Field("sum", description="with parity_k: the encoder the parity "
+                                                     "model was trained for (the node's parity: encoder)")
     threads: int = Field(1, ge=1, le=256, description="torch intra-op threads per worker (CPU only)")
     max_batch: int | None = Field(None, gt=0, le=65536, description="largest batch in requests")
 
@@ -89,23 +91,27 @@ class TorchClassifier(Component):
         if self.params.parity_k is not None and path is None and self.params.model is not None:
             from flowserve_components.parity import parity_path
 
-            path = str(parity_path(self.params.model, self.params.parity_k))
+            path = str(parity_path(self.params.model, self.params.parity_k, self.params.parity_encoder))
             if not Path(path).exists():
                 raise ComponentError(f"node '{self.node}': no parity model at {path}; train it with "
-                                     f"'flowserve parity train TOPOLOGY NODE --k {self.params.parity_k}'")
+                                     f"'flowserve parity train TOPOLOGY NODE --k {self.params.parity_k} "
+                                     f"--encoder {self.params.parity_encoder}'")
         try:
             self._model, self.weights_hash = models.load_with_hash(self.params.model, self.device, path)
         except ComponentError as exc:
             raise ComponentError(f"node '{self.node}': {exc}") from None
 
-    def train_parity(self, k: int) -> dict[str, Any]:
+    def train_parity(self, k: int, encoding: str = "sum") -> dict[str, Any]:
         """Train the zoo model's parity models (k = 2, 3, 4 and ``k``), saving the one for ``k`` beside it."""
         from flowserve_components.parity import train_parity
 
         if self.params.model is None or self.params.path is not None:
             raise ComponentError(f"node '{self.node}': parity training needs a zoo model ('model'), not a 'path'")
-        report = train_parity(self.params.model, k)
-        return {"base": report.base, "k": k, "path": str(report.path), "base_accuracy": report.base_accuracy,
+        if encoding not in ("sum", "concat"):
+            raise ComponentError(f"node '{self.node}': unknown parity encoder '{encoding}' (sum or concat)")
+        report = train_parity(self.params.model, k, encoding="concat" if encoding == "concat" else "sum")
+        return {"base": report.base, "k": k, "encoder": encoding, "path": str(report.path),
+                "base_accuracy": report.base_accuracy,
                 "degraded_accuracy": {str(n): a for n, a in report.degraded.items()}}
 
     def _architecture(self) -> str:

@@ -47,7 +47,8 @@ def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> 
         from flowserve.bench.parity import parity_bench
 
         return asyncio.run(parity_bench(kafka, rate=args.rate, slice_s=args.slice_seconds or 4.0,
-                                        rounds=args.rounds, k=args.k, stop_s=args.stop_seconds))
+                                        rounds=args.rounds, k=args.k, stop_s=args.stop_seconds,
+                                        encoder=args.encoder))
     if workload == "scale":
         from flowserve.bench.scale import scale_bench
 

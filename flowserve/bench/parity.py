@@ -69,10 +69,10 @@ sample: flowserve_components.digits:sample
 """
 
 
-def topology_text(name: str, contender: str, n: int, k: int, wait_ms: float) -> str:
+def topology_text(name: str, contender: str, n: int, k: int, wait_ms: float, encoder: str = "sum") -> str:
     replicas = n + n // k if contender == "replicas" else n
-    parity = (f"    parity: {{k: {k}, wait_ms: {wait_ms}, replicas: {max(1, n // k)}, params: {{parity_k: {k}}}}}"
-              if contender == "parity" else "")
+    parity = (f"    parity: {{k: {k}, wait_ms: {wait_ms}, replicas: {max(1, n // k)}, encoder: {encoder}, "
+              f"params: {{parity_k: {k}, parity_encoder: {encoder}}}}}" if contender == "parity" else "")
     return TEMPLATE.format(name=name, replicas=replicas, parity=parity)
 
 
@@ -134,7 +134,8 @@ def _stats(latencies: Sequence[float]) -> dict[str, float]:
 
 async def parity_bench(kafka: KafkaSettings, *, rate: float = 60.0, slice_s: float = 4.0, rounds: int = 4,
                        n: int = 2, k: int = 2, wait_ms: float | None = None, stall_ms: float = 60.0,
-                       stall_every_ms: float = 300.0, stop_s: float = 1.5, seed: int = 0) -> dict[str, Any]:
+                       stall_every_ms: float = 300.0, stop_s: float = 1.5, seed: int = 0,
+                       encoder: str = "sum") -> dict[str, Any]:
     rng = random.Random(seed)
     # A group needs k requests to arrive within wait_ms; at a moderate rate they are 1/rate apart. The
     # members never wait for it (they go on at once), so a wait of a few interarrival times costs nothing.
@@ -144,10 +145,10 @@ async def parity_bench(kafka: KafkaSettings, *, rate: float = 60.0, slice_s: flo
     topologies = {}
     for c in CONTENDERS:
         path = workdir / f"{c}.yaml"
-        path.write_text(topology_text(f"par{c}{tag}", c, n, k, wait_ms))
+        path.write_text(topology_text(f"par{c}{tag}", c, n, k, wait_ms, encoder))
         topologies[c] = (path, load_topology(path))
-    console.print(f"training the parity models of digits-mlp (k = 2, 3, 4; saving k = {k})")
-    training = topologies["none"][1].nodes["model"].component.train_parity(k)
+    console.print(f"training the parity models of digits-mlp ({encoder} encoder; k = 2, 3, 4; saving k = {k})")
+    training = topologies["none"][1].nodes["model"].component.train_parity(k, encoder)
     for _, topology in topologies.values():
         prepare_to_drive(topology)
     requests, labels = topologies["none"][1].sampler()(2000)

@@ -464,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=4,
                    help="parity, scale, broker, batching: slices per contender and scenario")
     p.add_argument("--k", type=int, default=2, help="parity: requests per parity group")
+    p.add_argument("--encoder", choices=("sum", "concat"), default="sum", help="parity: the parity query's encoder")
     p.add_argument("--stop-seconds", type=float, default=1.5,
                    help="parity: how long the 'stopped' scenario SIGSTOPs a model worker")
     p.add_argument("--blocks", type=int, default=3,

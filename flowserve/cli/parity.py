@@ -19,7 +19,8 @@ def cmd_parity_train(args: argparse.Namespace) -> int:
                              f"(nodes: {', '.join(topology.spec.nodes)})")
     if node.parity is not None and node.parity.k != args.k:
         print(f"note: node '{args.node}' declares parity k={node.parity.k}; training k={args.k}")
-    report: dict[str, Any] = topology.nodes[args.node].component.train_parity(args.k)
+    encoder = args.encoder or (node.parity.encoder if node.parity is not None else "sum")
+    report: dict[str, Any] = topology.nodes[args.node].component.train_parity(args.k, encoder)
     print(json.dumps(report))
     return 0
 
@@ -31,4 +32,6 @@ def register(sub: Any) -> None:
     t.add_argument("topology")
     t.add_argument("node")
     t.add_argument("--k", type=int, default=2, help="requests per parity group (2..16)")
+    t.add_argument("--encoder", choices=("sum", "concat"), default=None,
+                   help="the parity query's encoder (default: the node's parity: encoder, else sum)")
     t.set_defaults(func=cmd_parity_train)

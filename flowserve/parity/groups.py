@@ -1,10 +1,11 @@
 """The two halves of ParM's code, free of Kafka: grouping and encoding requests, decoding a late output.
 
 :class:`Encoder` groups requests bound for a protected node, in arrival order, k at a time, into one parity
-query (the sum of their inputs); the members of a group come from different stripes of partitions, so
-that different workers compute them. A group still open ``wait_ms`` after its first member is given up:
-the members are never held (they travel to the protected node at once), only the parity query is not
-sent. Requests of different row counts never share a group.
+query (the sum of their inputs, or their images tiled: :mod:`flowserve.parity.codes`); the members of a
+group come from different stripes of partitions, so that different workers compute them. A group still
+open ``wait_ms`` after its first member is given up: the members are never held (they travel to the
+protected node at once), only the parity query is not sent. Requests of different row counts never share
+a group.
 
 :class:`Decoder` holds the protected node's outputs and the parity outputs. As soon as k of a group's k+1
 are present and one real output is missing, it reconstructs that one as ``parity - sum(others)``. A real
@@ -20,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from flowserve.parity.codes import Encoding, encode
 
 Headers = Mapping[str, bytes]
 
@@ -49,7 +52,7 @@ class _Open:
     partition: int  # the first member's: where the parity query goes
     members: list[Member]
     stripes: set[int]
-    total: dict[str, np.ndarray]
+    inputs: list[Mapping[str, np.ndarray]]  # each member's rows by port, in arrival order
 
 
 @dataclass
@@ -59,7 +62,7 @@ class EncoderCounters:
 
 
 class Encoder:
-    """Groups requests into parity queries (sum encoder), each member from another stripe of partitions.
+    """Groups requests into parity queries, each member from another stripe of partitions.
 
     A group protects its members only if they are computed by different workers: the members of one
     partition are all read by the same worker, so they must not share a group. Partitions are cut into
@@ -69,10 +72,13 @@ class Encoder:
     workers. The parity query goes to the first member's partition.
     """
 
-    def __init__(self, k: int, wait_ms: float, partitions: int) -> None:
+    def __init__(self, k: int, wait_ms: float, partitions: int, encoding: Encoding = "sum",
+                 image: tuple[int, int] | None = None) -> None:
         if k < 2:
             raise ValueError("k must be at least 2")
         self.k = k
+        self.encoding: Encoding = encoding
+        self.image = image
         self.wait_ms = wait_ms
         self.partitions = partitions
         #: row count -> open groups, oldest first
@@ -90,19 +96,17 @@ class Encoder:
         groups = self._open.setdefault(rows, [])
         group = next((g for g in groups if stripe not in g.stripes), None)
         if group is None:  # a new group
-            # float64 accumulation: the parity query's rounding must not depend on the members' order
-            total = {p: a.astype(np.float64) for p, a in inputs.items()}
-            groups.append(_Open(now_ms, partition, [member], {stripe}, total))
+            groups.append(_Open(now_ms, partition, [member], {stripe}, [inputs]))
             return None
         group.members.append(member)
         group.stripes.add(stripe)
-        for port, array in inputs.items():
-            group.total[port] += array
+        group.inputs.append(inputs)
         if len(group.members) < self.k:
             return None
         groups.remove(group)
         self.counters.groups += 1
-        query = {p: t.astype(inputs[p].dtype) for p, t in group.total.items()}
+        query = {p: encode(self.encoding, np.stack([m[p] for m in group.inputs], axis=1), image=self.image)
+                 for p in inputs}
         return Group(f"{group.members[0].request_id}~p{self.k}", group.partition, tuple(group.members), query)
 
     def expire(self, now_ms: float) -> int:

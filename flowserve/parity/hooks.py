@@ -82,7 +82,8 @@ class EncoderHooks(StageHooks):
 
     def __init__(self, targets: Sequence[Target], partitions: int) -> None:
         self.targets = list(targets)
-        self.encoders = {t.node: Encoder(t.spec.k, t.spec.wait_ms, partitions) for t in self.targets}
+        self.encoders = {t.node: Encoder(t.spec.k, t.spec.wait_ms, partitions, t.spec.encoder, t.spec.image)
+                         for t in self.targets}
         self.queries = 0
         self._emit: Any = None
 

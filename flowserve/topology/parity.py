@@ -9,7 +9,7 @@ A node opts in::
       parity:
         k: 2                      # requests per parity group (any k of the k+1 outputs suffice)
         params: {parity_k: 2}     # laid over the node's params: TorchClassifier loads its parity model
-        encoder: sum              # the parity query: the sum of the k inputs
+        encoder: sum              # the parity query: the sum of the k inputs (or concat, for images)
         wait_ms: 20               # a group still open after this is given up (its requests never wait)
 
 The compiler then adds the parity model node ``<node>-parity``: the protected node's component class
@@ -20,7 +20,9 @@ group and ``replicas`` worker processes. Checks name the node and the fix.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -47,8 +49,12 @@ class ParitySpec(BaseModel):
     #: params of the parity model: laid over the protected node's params (e.g. another weights file), or,
     #: with ``component``, that component's params.
     params: dict[str, Any] = Field(default_factory=dict)
-    #: sum: the parity query is the sum of the k inputs (ParM's general encoder).
-    encoder: Literal["sum"] = "sum"
+    #: sum: the parity query is the sum of the k inputs (ParM's general encoder). concat: each input, an
+    #: image, shrunk by block averaging and tiled into one image of the same size (ParM's image encoder).
+    encoder: Literal["sum", "concat"] = "sum"
+    #: concat: each row's image as [height, width] (a row holds channels x height x width values, channels
+    #: first); default: a square single-channel image (64 values: 8 x 8).
+    image: tuple[int, int] | None = None
     #: how long a group waits for its k members; the members themselves are never held.
     wait_ms: float = Field(20.0, gt=0, le=60_000)
     #: how long the decoder keeps a group's outputs waiting for the rest (then they are forgotten).
@@ -63,6 +69,40 @@ class ParitySpec(BaseModel):
             raise ValueError(f"k={k}: a parity group needs at least 2 requests (k: 2, 3 or 4); "
                              "to duplicate every request use 'replicas' instead")
         return k
+
+
+@dataclass(frozen=True, slots=True)
+class ConcatLayout:
+    """How the concat encoder tiles k images into one: ``rows`` x ``cols`` tiles, each an image shrunk
+    ``rows`` times in height and ``cols`` times in width by averaging blocks; slots past k stay zero."""
+
+    rows: int
+    cols: int
+    channels: int
+    height: int
+    width: int
+
+
+def concat_layout(k: int, features: int, image: tuple[int, int] | None) -> ConcatLayout:
+    """The layout for groups of ``k`` rows of ``features`` values; ValueError says why there is none.
+
+    The grid is ``ceil(k / c)`` x ``c`` with ``c = ceil(sqrt(k))``: k = 2 puts two half-width images side by
+    side (each keeps its full height), k = 3 and 4 a 2 x 2 grid of half-size images.
+    """
+    cols = math.isqrt(k - 1) + 1
+    rows = -(-k // cols)
+    if image is None:
+        side = math.isqrt(features)
+        if side * side != features:
+            raise ValueError(f"rows of {features} values are not a square image; give 'image: [height, width]'")
+        image = (side, side)
+    height, width = image
+    if height <= 0 or width <= 0 or features % (height * width):
+        raise ValueError(f"rows of {features} values do not hold whole {height}x{width} images")
+    if height % rows or width % cols:
+        raise ValueError(f"k={k} tiles {rows}x{cols} images into one, so the height must be a multiple of {rows} "
+                         f"and the width of {cols}; the image is {height}x{width}")
+    return ConcatLayout(rows, cols, features // (height * width), height, width)
 
 
 def _summable(node_id: str, what: str, ports: Mapping[str, Port], source: str) -> None:
@@ -109,6 +149,16 @@ def parity_node(node: Node, spec: ParitySpec, node_params: Mapping[str, Any], ba
             "of a reconstructed output); add a node after it rather than writing the outputs from it",
             source=source, node=nid)
     _summable(nid, "input", comp.inputs, source)
+    if spec.encoder == "concat":
+        shape = comp.inputs[port].shape
+        features = math.prod(shape[1:])
+        try:
+            if len(shape) < 2 or features <= 0:
+                raise ValueError(f"input port '{port}' has shape {list(shape)}: rows of a fixed size are needed")
+            concat_layout(spec.k, features, spec.image)
+        except ValueError as exc:
+            raise TopologyError(f"parity: the concat encoder cannot encode this input: {exc}", source=source,
+                                node=nid) from None
     _summable(nid, "output", {p: comp.outputs[p] for p in node.output_topics}, source)
     try:
         if spec.component:  # another component: its own params only

@@ -66,6 +66,20 @@ def test_the_encoder_hook_queues_one_parity_query_per_group_with_its_members() -
     assert hook.counters() == {"parity_groups": 1, "parity_queries": 1, "parity_abandoned": 0}
 
 
+def test_the_encoder_hook_uses_the_declared_encoder() -> None:
+    t = load_topology_text(TOPOLOGY.replace("wait_ms: 50}", "wait_ms: 50, encoder: concat}"))
+    (target,) = targets_of(t, t.nodes["pre"])
+    hook = EncoderHooks([target], partitions=4)
+    sent: list[tuple] = []
+    hook._emit = lambda *record: sent.append(record)
+    token = hook.begin([Item(Ready(f"r{i}", {}, {}, partition)) for i, partition in enumerate([0, 2])])
+    x = np.array([[1, 3, 5, 7], [2, 4, 6, 8]], np.float32)  # two 2x2 images
+    hook.end(token, BatchOutcome([1, 1], {"x": x}, {}, {}))
+    ((_, _, _, value, _),) = sent
+    # each image halved in width (pixel pairs averaged), side by side: [[2, 3], [6, 7]]
+    np.testing.assert_array_equal(decode_tensors(value)["x"], np.array([[2, 3, 6, 7]], np.float32))
+
+
 def test_the_decoder_loop_writes_the_rebuilt_output_to_the_members_partition_marked_with_lineage_and_action(
 ) -> None:
     t = load_topology_text(TOPOLOGY)

@@ -87,3 +87,14 @@ def test_a_protected_node_must_not_write_the_outputs_itself() -> None:
 def test_unknown_parity_keys_are_refused_with_the_node() -> None:
     err = _error(GOOD.replace("wait_ms: 15", "wait: 15"))
     assert err.node == "model" and "parity.wait" in str(err)
+
+
+def test_the_concat_encoder_needs_inputs_it_can_tile() -> None:
+    # AddOne's rows of 4 values are 2x2 images: two half-width tiles fit
+    t = load_topology_text(GOOD.replace("wait_ms: 15,", "wait_ms: 15, encoder: concat,"))
+    assert t.spec.nodes["model"].parity is not None and t.spec.nodes["model"].parity.encoder == "concat"
+    err = _error(GOOD.replace("wait_ms: 15,", "wait_ms: 15, encoder: concat, image: [1, 3],"))
+    assert err.node == "model"
+    assert "concat encoder cannot encode" in str(err) and "whole 1x3 images" in str(err)
+    err = _error(GOOD.replace("k: 2,", "k: 3,").replace("wait_ms: 15,", "wait_ms: 15, encoder: concat, image: [1, 4],"))
+    assert "height must be a multiple of 2" in str(err)
