@@ -71,3 +71,50 @@ def test_targets_share_the_slo_and_the_traffic() -> None:
     assert targets["expensive"].slo_share_s == pytest.approx(0.03 + slack)
     assert targets["router"].slo_share_s == pytest.approx(slack)
     assert targets["expensive"].max_consumers == 8
+
+
+def _planned(rate: float, seconds: float = 30.0, consumers: int = 3) -> StageTarget:
+    """TARGET planned with ``consumers`` for Poisson traffic at ``rate`` (the plan keeps its envelope)."""
+    from flowserve.tuning.curves import envelope
+    from flowserve.tuning.plan import ENVELOPE_SHORTEST_S
+
+    arrivals = np.cumsum(np.random.default_rng(7).exponential(1 / rate, int(rate * seconds)))
+    planned = tuple(envelope(arrivals, ENVELOPE_SHORTEST_S))
+    return StageTarget("m", batch=4, batch_s=0.04, slo_share_s=0.1, max_consumers=16,
+                       planned_consumers=consumers, planned=planned)
+
+
+def _poisson(rate: float, start: float, end: float, seed: int) -> np.ndarray:
+    gaps = np.random.default_rng(seed).exponential(1 / rate, int(rate * (end - start) * 2))
+    times = start + np.cumsum(gaps)
+    return times[times < end]
+
+
+def test_the_planned_envelope_scales_the_planned_consumers() -> None:
+    target = _planned(40)
+    steady = Controller([target], horizon_s=10)
+    steady.observe(_poisson(40, 0, 10, seed=1))
+    c, why = steady._needed(10.0, target)
+    # the planned traffic keeps the plan: never more than one consumer over it (short windows are noisy)
+    assert 2 <= c <= 4 and "planned envelope" in why
+
+    doubled = Controller([target], horizon_s=10)
+    doubled.observe(_poisson(80, 0, 10, seed=2))
+    assert 5 <= doubled._needed(10.0, target)[0] <= 8  # twice the rate, about twice the consumers
+
+    trough = Controller([target], horizon_s=10)
+    trough.observe(_poisson(10, 0, 10, seed=3))
+    assert trough._needed(10.0, target)[0] <= 2  # a quarter of the rate: fewer than planned
+
+
+def test_a_plan_keeps_its_envelope_and_the_tuner_reads_it(tmp_path) -> None:  # noqa: ANN001
+    from flowserve.tuning.plan import load_plan, save_plan
+
+    options = [StageOptions("m", {"k": {4: 0.04}}, [(None, "x")], output=True)]
+    plan = Plan("t", 300.0, 8, 2.0, {"m": StageConfig("k", 4, 3)}, envelope=[(0.05, 120.0), (0.1, 90.0)])
+    again = load_plan(save_plan(plan, tmp_path / "plan.json"))
+    assert again.envelope == [(0.05, 120.0), (0.1, 90.0)]
+    (target,) = targets_from_plan(options, again)
+    assert target.planned_consumers == 3 and [(b.window, b.rate) for b in target.planned] == again.envelope
+    # a plan written before envelopes were kept: the delay bound sizes the stage
+    assert targets_from_plan(options, Plan("t", 300.0, 8, 2.0, {"m": StageConfig("k", 4, 3)}))[0].planned == ()
