@@ -48,7 +48,7 @@ def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> 
 
         return asyncio.run(parity_bench(kafka, rate=args.rate, slice_s=args.slice_seconds or 4.0,
                                         rounds=args.rounds, k=args.k, stop_s=args.stop_seconds,
-                                        encoder=args.encoder))
+                                        encoder=args.encoder, stage=args.stage))
     if workload == "scale":
         from flowserve.bench.scale import scale_bench
 

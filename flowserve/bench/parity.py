@@ -8,7 +8,11 @@ each deployment runs one open-loop slice of every scenario:
 - ``replicas``: ``N + N/k`` workers of the model (the extra workers as replicas of the base);
 - ``parity``: ``N`` model workers plus ``N/k`` workers of the parity model (``parity: {k}``).
 
-Stragglers are injected from this process into the model node's workers (never into the parity model's):
+With ``stage="emulated"`` (``--stage emulated``) the protected stage is instead an emulated accelerator
+(``flowserve.builtin:Accelerator``, resnet50 on the ``cpu`` table: 32 ms a batch of one) between the
+normalizer and the classifier, and its ``stalls`` are the issue's: 10x its batch time, on ~3% of batches.
+
+Stragglers are injected from this process into the protected node's workers (never into the parity model's):
 
 - ``clean``: none (the throughput-overhead scenario: CPU seconds per request of every worker);
 - ``stalls``: at random moments (``stall_every_ms`` apart on average) one model worker is SIGSTOPped
@@ -38,7 +42,9 @@ from flowserve.bench.common import console, cpu_seconds, run_id
 from flowserve.bench.paired import balanced_order, gap_ratio
 from flowserve.client import TopologyClient
 from flowserve.client.traffic import prepare_to_drive, wait_ready
+from flowserve.errors import FlowserveError
 from flowserve.kafka.settings import KafkaSettings
+from flowserve.runtime import hardware as hw
 from flowserve.runtime.host import ProcessHost
 from flowserve.topology import load_topology
 from flowserve.wire.envelope import H_RECONSTRUCTED
@@ -69,8 +75,50 @@ sample: flowserve_components.digits:sample
 """
 
 
-def topology_text(name: str, contender: str, n: int, k: int, wait_ms: float, encoder: str = "sum") -> str:
+#: ``--stage emulated``: an emulated accelerator (``flowserve.builtin:Accelerator``, the planner's tables)
+#: between the normalizer and the classifier is the protected stage. It passes rows through, so the
+#: parity model (the same stage) answers a summed query with the sum and decoding is exact.
+EMULATED = """
+name: {name}
+partitions: 4
+deadline_ms: 60000
+nodes:
+  pre:
+    component: flowserve_components.digits:Normalize
+    inputs: {{pixels: input.pixels}}
+  accel:
+    component: flowserve.builtin:Accelerator
+    params: {{model: {model}, hardware: {hardware}, ports: {{x: {{datatype: FP32, shape: [-1, 64]}}}}}}
+    inputs: {{x: pre.x}}
+    replicas: {replicas}
+{parity}
+  model:
+    component: flowserve_components.torch_stage:TorchClassifier
+    params: {{model: digits-mlp, threads: 1}}
+    inputs: {{x: accel.x}}
+  post:
+    component: flowserve_components.postprocess:ArgMax
+    inputs: {{logits: model.logits}}
+outputs:
+  label: post.label
+sample: flowserve_components.digits:sample
+"""
+#: the emulated stage's model and hardware kind (flowserve.runtime.hardware: 32 ms a batch of one)
+EMULATED_MODEL = ("resnet50", "cpu")
+
+
+def protected_node(stage: str) -> str:
+    return "accel" if stage == "emulated" else "model"
+
+
+def topology_text(name: str, contender: str, n: int, k: int, wait_ms: float, encoder: str = "sum",
+                  stage: str = "digits") -> str:
     replicas = n + n // k if contender == "replicas" else n
+    if stage == "emulated":
+        parity = (f"    parity: {{k: {k}, wait_ms: {wait_ms}, replicas: {max(1, n // k)}}}"
+                  if contender == "parity" else "")
+        model, hardware = EMULATED_MODEL
+        return EMULATED.format(name=name, replicas=replicas, parity=parity, model=model, hardware=hardware)
     parity = (f"    parity: {{k: {k}, wait_ms: {wait_ms}, replicas: {max(1, n // k)}, encoder: {encoder}, "
               f"params: {{parity_k: {k}, parity_encoder: {encoder}}}}}" if contender == "parity" else "")
     return TEMPLATE.format(name=name, replicas=replicas, parity=parity)
@@ -133,10 +181,23 @@ def _stats(latencies: Sequence[float]) -> dict[str, float]:
 
 
 async def parity_bench(kafka: KafkaSettings, *, rate: float = 60.0, slice_s: float = 4.0, rounds: int = 4,
-                       n: int = 2, k: int = 2, wait_ms: float | None = None, stall_ms: float = 60.0,
-                       stall_every_ms: float = 300.0, stop_s: float = 1.5, seed: int = 0,
-                       encoder: str = "sum") -> dict[str, Any]:
+                       n: int = 2, k: int = 2, wait_ms: float | None = None, stall_ms: float | None = None,
+                       stall_every_ms: float | None = None, stop_s: float = 1.5, seed: int = 0,
+                       encoder: str = "sum", stage: str = "digits") -> dict[str, Any]:
     rng = random.Random(seed)
+    if stage == "emulated":
+        if encoder != "sum":
+            raise FlowserveError("--stage emulated protects a pass-through stage, whose parity model decodes "
+                                 "only summed queries; use --encoder sum")
+        # the issue's stragglers: a worker stalls for 10x its batch time on ~3% of batches (at this load
+        # nearly every batch holds one request, so ~3% of requests meet a stall's start)
+        batch_ms = 1000 * hw.batch_seconds(*EMULATED_MODEL, 1)
+        stall_ms = stall_ms if stall_ms is not None else 10 * batch_ms
+        stall_every_ms = stall_every_ms if stall_every_ms is not None else 1000 / (0.03 * rate)
+    else:
+        stall_ms = stall_ms if stall_ms is not None else 60.0
+        stall_every_ms = stall_every_ms if stall_every_ms is not None else 300.0
+    protected = protected_node(stage)
     # A group needs k requests to arrive within wait_ms; at a moderate rate they are 1/rate apart. The
     # members never wait for it (they go on at once), so a wait of a few interarrival times costs nothing.
     wait_ms = wait_ms if wait_ms is not None else max(20.0, 3 * 1000 / rate)
@@ -145,7 +206,7 @@ async def parity_bench(kafka: KafkaSettings, *, rate: float = 60.0, slice_s: flo
     topologies = {}
     for c in CONTENDERS:
         path = workdir / f"{c}.yaml"
-        path.write_text(topology_text(f"par{c}{tag}", c, n, k, wait_ms, encoder))
+        path.write_text(topology_text(f"par{c}{tag}", c, n, k, wait_ms, encoder, stage))
         topologies[c] = (path, load_topology(path))
     console.print(f"training the parity models of digits-mlp ({encoder} encoder; k = 2, 3, 4; saving k = {k})")
     training = topologies["none"][1].nodes["model"].component.train_parity(k, encoder)
@@ -167,7 +228,8 @@ async def parity_bench(kafka: KafkaSettings, *, rate: float = 60.0, slice_s: flo
                 for scenario in SCENARIOS:
                     procs = [p for ps in host.procs.values() for p in ps]
                     cpu0 = sum(cpu_seconds(p.pid) for p in procs)
-                    inject = asyncio.create_task(_inject(scenario, host.procs["model"], slice_s, rng, stall_ms=stall_ms,
+                    inject = asyncio.create_task(_inject(scenario, host.procs[protected], slice_s, rng,
+                                                         stall_ms=stall_ms,
                                                          stall_every_ms=stall_every_ms, stop_s=stop_s))
                     lat, correct, rebuilt = await _slice(client, requests, labels, rate, slice_s, rng)
                     await inject
@@ -195,8 +257,8 @@ async def parity_bench(kafka: KafkaSettings, *, rate: float = 60.0, slice_s: flo
     stragglers = [s for s in SCENARIOS if s != "clean"]
     degraded = {int(key): value for key, value in training["degraded_accuracy"].items()}
     return {
-        "workload": "parity", "rate_rps": rate, "slice_s": slice_s, "rounds": rounds, "n": n, "k": k,
-        "wait_ms": wait_ms,
+        "workload": "parity", "stage": stage, "encoder": encoder, "rate_rps": rate, "slice_s": slice_s,
+        "rounds": rounds, "n": n, "k": k, "wait_ms": wait_ms,
         "stall_ms": stall_ms, "stall_every_ms": stall_every_ms, "stop_s": stop_s,
         "base_accuracy": training["base_accuracy"], "degraded_accuracy": degraded,
         "cpu_overhead_clean": round(overhead, 3), "scenarios": results,

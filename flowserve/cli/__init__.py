@@ -465,6 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="parity, scale, broker, batching: slices per contender and scenario")
     p.add_argument("--k", type=int, default=2, help="parity: requests per parity group")
     p.add_argument("--encoder", choices=("sum", "concat"), default="sum", help="parity: the parity query's encoder")
+    p.add_argument("--stage", choices=("digits", "emulated"), default="digits",
+                   help="parity: protect the digits classifier, or an emulated accelerator stage before it")
     p.add_argument("--stop-seconds", type=float, default=1.5,
                    help="parity: how long the 'stopped' scenario SIGSTOPs a model worker")
     p.add_argument("--blocks", type=int, default=3,
