@@ -238,7 +238,7 @@ async def tuner_section(kafka: KafkaSettings, tmp: Path, hop_ms: float, *, rate:
         # the adaptive contenders start from the plan for the trace's mean rate, on the peak's partitions
         mean = make_plan(base, generate("poisson", rate=trace.rate, seconds=30, seed=6).arrivals, slo_ms,
                          hop_ms=hop_ms, prices=prices)
-        start = Plan(peak.topology, slo_ms, peak.partitions, hop_ms, dict(mean.stages), envelope=mean.envelope)
+        start = Plan(peak.topology, slo_ms, peak.partitions, hop_ms, dict(mean.stages))
         for contender in ("static", "reactive", "tuner"):
             plan = peak if contender == "static" else Plan(**{**vars(start), "stages": dict(start.stages)})
             host, topology, _ = await _deployed(_fresh("image-processing", tmp), kafka, plan, tmp)

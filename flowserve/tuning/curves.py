@@ -133,19 +133,3 @@ def exceeds(live: Sequence[TokenBucket], planned: Sequence[TokenBucket]) -> list
     by_window = {b.window: b for b in planned}
     return [b.window for b in live
             if b.window in by_window and b.rate * b.window > by_window[b.window].rate * b.window + 1e-9]
-
-
-def rate_ratio(live: Sequence[TokenBucket], planned: Sequence[TokenBucket], shortest: float = 0.0
-               ) -> tuple[float, float]:
-    """The largest ratio of live to planned rate over the window lengths both envelopes have (from
-    ``shortest`` up), and its window: how much more traffic than planned arrives at the worst timescale.
-    ``(0.0, nan)`` when no window is shared."""
-    by_window = {round(b.window, 9): b.rate for b in planned}
-    best, where = 0.0, math.nan
-    for b in live:
-        plan_rate = by_window.get(round(b.window, 9))
-        if plan_rate is None or plan_rate <= 0 or b.window < shortest:
-            continue
-        if b.rate / plan_rate > best:
-            best, where = b.rate / plan_rate, b.window
-    return best, where

@@ -37,9 +37,6 @@ from flowserve.tuning.documents import read_document
 from flowserve.tuning.simulate import SimResult, SimStage, batch_time, simulate
 
 PLAN_FORMAT = "flowserve-plan/1"
-#: The shortest window of the planning envelope a plan keeps (windows double from it up to 60 s); the
-#: tuner builds the live envelope from the same lengths, so the two compare window by window.
-ENVELOPE_SHORTEST_S = 0.05
 #: A stage with neither a declared table nor a profile costs this (builtin plumbing such as Identity).
 NEGLIGIBLE_S = 5e-5
 MAX_BATCH = 64
@@ -73,16 +70,11 @@ class Plan:
     hop_ms: float
     stages: dict[str, StageConfig]
     predicted: dict[str, Any] = field(default_factory=dict)
-    #: the planning trace's envelope, ``(window s, max rate /s)`` per window length doubling from
-    #: ENVELOPE_SHORTEST_S: the traffic the plan was simulated to serve, which the tuner compares live
-    #: traffic with (empty in plans written before it was kept)
-    envelope: list[tuple[float, float]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": PLAN_FORMAT, "topology": self.topology, "slo_ms": self.slo_ms,
                 "partitions": self.partitions, "hop_ms": self.hop_ms,
-                "stages": {k: asdict(v) for k, v in self.stages.items()}, "predicted": self.predicted,
-                "envelope": [list(pair) for pair in self.envelope]}
+                "stages": {k: asdict(v) for k, v in self.stages.items()}, "predicted": self.predicted}
 
     def cost_per_hour(self, prices: dict[str, float]) -> float:
         return sum(c.consumers * prices[c.hardware] for c in self.stages.values())
@@ -98,9 +90,8 @@ def load_plan(path: str | Path) -> Plan:
     doc = read_document(path, PLAN_FORMAT, "plan", "; write one with 'flowserve plan'")
     stages = {k: StageConfig(str(v["hardware"]), int(v["max_batch"]), int(v["consumers"]))
               for k, v in doc["stages"].items()}
-    envelope = [(float(w), float(r)) for w, r in doc.get("envelope") or []]
     return Plan(doc["topology"], float(doc["slo_ms"]), int(doc["partitions"]), float(doc["hop_ms"]), stages,
-                dict(doc.get("predicted") or {}), envelope)
+                dict(doc.get("predicted") or {}))
 
 
 # -- from a topology -------------------------------------------------------------------------------
@@ -247,8 +238,7 @@ def make_plan(topology: Topology, arrivals: np.ndarray, slo_ms: float, *, hop_ms
     predicted = {"p50_ms": result.percentile(50) * 1000, "p99_ms": result.percentile(99) * 1000,
                  "attainment": result.attainment(slo_ms / 1000), "cost_per_hour": cost(config, prices),
                  "utilisation": {k: round(s.utilisation, 3) for k, s in result.stages.items()}}
-    envelope = [(b.window, b.rate) for b in curves.envelope(arrivals, ENVELOPE_SHORTEST_S)]
-    return Plan(topology.name, slo_ms, partitions, hop_ms, config, predicted, envelope)
+    return Plan(topology.name, slo_ms, partitions, hop_ms, config, predicted)
 
 
 def service_curves(options: Sequence[StageOptions], plan: Plan) -> dict[str, curves.RateLatency]:

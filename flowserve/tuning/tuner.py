@@ -2,22 +2,14 @@
 
 InferLine's high-frequency tuner, in network-calculus terms (:mod:`flowserve.tuning.curves`). Every
 second the controller takes the arrivals of the last ``horizon_s`` seconds (the inputs topic's record
-timestamps) and builds their envelope: the highest rate in any window, for window lengths doubling from
-50 ms. The plan keeps the same envelope of the trace it was planned for, which the planner's simulation
-showed the planned consumers serve within the SLO; so a stage needs its planned consumers times the
-largest live / planned rate ratio over the windows from its batch time up (:func:`scaled_consumers`: a
-2x step needs twice the consumers, a trough fewer, a burstier trace more). A plan without an envelope
-falls back to the delay bound: per stage, the consumers ``c`` whose rate-latency service curve
-``R = c n / l(n)``, ``T = l(n)`` keeps ``T + b / R`` within the stage's share of the SLO under the
-envelope scaled by the stage's share of the traffic (:func:`needed_consumers`; a worst case, so it
-provisions for the largest burst of the horizon).
+timestamps), builds their token-bucket envelope, scales it by each stage's share of the traffic (a
+cascade's expensive stage sees only its unsure share), and asks, per stage, how many consumers ``c`` its
+rate-latency service curve ``R = c n / l(n)``, ``T = l(n)`` needs so that the delay bound
+``T + b / R`` stays within the stage's share of the SLO and ``R`` covers every window's rate.
 
 - more consumers than running: **scale up at once**, at most doubling, then leave the stage alone for
   ``settle_s`` while its group rebalances;
-- fewer, even with the envelope inflated by ``hysteresis``, for ``hold_s`` on end: **scale down** to
-  what the traffic needs;
-- a planned stage grows only once live traffic exceeds the planning envelope by ``PLAN_TOLERANCE``
-  (the envelope is a sample of the planning trace: within it, traffic is the planned traffic);
+- fewer, with the envelope inflated by ``hysteresis``, for ``hold_s`` on end: **scale down** to that;
 - never beyond the topology's partitions (consumers past them would sit idle), never below one.
 
 Every action is logged with the envelope figure that caused it. Actuators (:class:`Scaler`): local
@@ -42,8 +34,8 @@ import numpy as np
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost
 from flowserve.topology.graph import Topology
-from flowserve.tuning.curves import TokenBucket, envelope, rate_ratio
-from flowserve.tuning.plan import ENVELOPE_SHORTEST_S, Plan, StageOptions, stage_options
+from flowserve.tuning.curves import TokenBucket, envelope
+from flowserve.tuning.plan import Plan, StageOptions, stage_options
 from flowserve.tuning.simulate import batch_time
 
 log = logging.getLogger("flowserve.tuner")
@@ -59,10 +51,6 @@ class StageTarget:
     slo_share_s: float
     traffic_share: float = 1.0
     max_consumers: int = 64
-    #: the plan's consumers for this stage and the envelope of the trace it was planned for (see
-    #: scaled_consumers); without an envelope the stage is sized by the delay bound (needed_consumers)
-    planned_consumers: int = 0
-    planned: tuple[TokenBucket, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,32 +81,6 @@ def needed_consumers(family: Sequence[TokenBucket], target: StageTarget, scale: 
     return min(c, target.max_consumers), f"{why} -> needs {worst:.1f}/s of {per_consumer:.1f}/s per consumer"
 
 
-def scaled_consumers(family: Sequence[TokenBucket], target: StageTarget, scale: float = 1.0) -> tuple[int, str]:
-    """Consumers for the stage: its planned consumers times the largest ratio of live to planned rate
-    over the windows both envelopes have (from the stage's batch time up), InferLine's rule.
-
-    The planner simulated the plan against its trace and found it meets the p99 objective; traffic that
-    carries r times as much in its worst window needs r times the consumers. This keeps the planner's
-    calibration (a p99, not a worst case): the delay bound of :func:`needed_consumers` sizes for the
-    largest burst of the horizon and provisioned several times the plan for Poisson traffic at the
-    planned rate.
-    """
-    if not family:
-        return 1, "no arrivals"
-    ratio, window = rate_ratio(family, target.planned, shortest=target.batch_s)
-    if not ratio:
-        return needed_consumers(family, target, scale)
-    ratio *= scale
-    c = max(1, math.ceil(target.planned_consumers * ratio - 1e-9))
-    live = next(b.rate for b in family if b.window == window) * scale
-    return min(c, target.max_consumers), (f"window {window:.3g} s: {live:.1f}/s, {ratio:.2f}x the planned "
-                                          f"envelope -> {target.planned_consumers} x {ratio:.2f}")
-
-
-#: How far live traffic may exceed the planning envelope before a planned stage grows (see decide).
-PLAN_TOLERANCE = 0.1
-
-
 @dataclass
 class Controller:
     """Decides scaling actions from observed arrival times (seconds); pure, so it is unit-tested."""
@@ -144,38 +106,29 @@ class Controller:
             return []
         return envelope(np.fromiter(self._arrivals, dtype=float), shortest, longest=self.horizon_s)
 
-    def _needed(self, now: float, target: StageTarget, scale: float = 1.0) -> tuple[int, str]:
-        if target.planned:  # windows as the plan's, so that the two compare window by window
-            family = self.envelope(now, min(ENVELOPE_SHORTEST_S, self.horizon_s / 2))
-            return scaled_consumers(family, target, scale)
-        return needed_consumers(self.envelope(now, min(target.batch_s, self.horizon_s / 2)), target, scale)
-
     def decide(self, now: float, current: dict[str, int]) -> list[Action]:
         actions = []
         for t in self.targets:
+            family = self.envelope(now, min(t.batch_s, self.horizon_s / 2))
             have = current.get(t.id, 1)
             if now - self._last_action.get(t.id, -math.inf) < self.settle_s:
                 continue
-            # the planning envelope is a sample of its trace: a live one within PLAN_TOLERANCE of it is the
-            # same traffic, and must not move the stage (it did, up and down, on Poisson noise)
-            need, why = self._needed(now, t, scale=1 / (1 + PLAN_TOLERANCE) if t.planned else 1.0)
-            if need > have:
+            up, why = needed_consumers(family, t)
+            if up > have:
                 self._below_since.pop(t.id, None)
                 self._last_action[t.id] = now
                 # at most double per step: each step costs a rebalance, and the next one sees its effect
-                actions.append(Action(t.id, have, min(need, 2 * have), now, why))
+                actions.append(Action(t.id, have, min(up, 2 * have), now, why))
                 continue
-            # down only when even the traffic inflated by the hysteresis needs fewer, for hold_s on end;
-            # then to what the traffic needs
-            inflated, _ = self._needed(now, t, scale=1.0 + self.hysteresis)
-            if inflated >= have:
+            down, why_down = needed_consumers(family, t, scale=1.0 + self.hysteresis)
+            if down >= have:
                 self._below_since.pop(t.id, None)
                 continue
             since = self._below_since.setdefault(t.id, now)
             if now - since >= self.hold_s:
                 self._below_since.pop(t.id, None)
                 self._last_action[t.id] = now
-                actions.append(Action(t.id, have, need, now, f"below for {now - since:.0f} s: {why}"))
+                actions.append(Action(t.id, have, down, now, f"below for {now - since:.0f} s: {why_down}"))
         return actions
 
 
@@ -197,9 +150,8 @@ def targets_from_plan(options: Sequence[StageOptions], plan: Plan) -> list[Stage
     # each stage gets its batch time plus an equal part of the queueing slack: a share proportional to
     # batch time would leave a sub-millisecond stage no room for the bursts a produce batch makes
     slack = max(0.0, budget - sum(times.values())) / max(1, len(options))
-    planned = tuple(TokenBucket(rate, 0.0, window) for window, rate in plan.envelope)
     return [StageTarget(o.id, plan.stages[o.id].max_batch, times[o.id], times[o.id] + slack, share[o.id],
-                        plan.partitions, plan.stages[o.id].consumers, planned) for o in options]
+                        plan.partitions) for o in options]
 
 
 class Scaler(Protocol):

@@ -14,9 +14,7 @@ from flowserve.client import TopologyClient
 from flowserve.client.traffic import wait_ready
 from flowserve.runtime.host import ProcessHost, create_topology_topics
 from flowserve.topology import load_topology
-from flowserve.tuning import curves
-from flowserve.tuning.plan import ENVELOPE_SHORTEST_S, Plan, StageConfig, apply_plan, save_plan
-from flowserve.tuning.traces import generate
+from flowserve.tuning.plan import Plan, StageConfig, apply_plan, save_plan
 from flowserve.tuning.tuner import Action, LocalScaler, tune
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -35,18 +33,11 @@ outputs: {x: m.x}
 """
 
 
-@pytest.mark.parametrize("rule", ["planned-envelope", "delay-bound"])
 async def test_tuner_adds_a_consumer_on_a_step_and_removes_it_after_the_hold(
-        kafka, write_topology, tmp_path: Path, rule: str) -> None:
+        kafka, write_topology, tmp_path: Path) -> None:
     path = write_topology(TOPOLOGY)
     base = load_topology(path)
-    # planned-envelope: the plan keeps the envelope of the traffic it was planned for (15/s, as below);
-    # delay-bound: a plan without one (the tuner sizes the stage by the network-calculus delay bound)
-    planned = generate("poisson", rate=15, seconds=30, seed=3).arrivals
-    envelope = ([(b.window, b.rate) for b in curves.envelope(planned, ENVELOPE_SHORTEST_S)]
-                if rule == "planned-envelope" else [])
-    plan = Plan(base.name, slo_ms=400, partitions=4, hop_ms=5, stages={"m": StageConfig("cpu", 4, 1)},
-                envelope=envelope)
+    plan = Plan(base.name, slo_ms=400, partitions=4, hop_ms=5, stages={"m": StageConfig("cpu", 4, 1)})
     plan_path = save_plan(plan, tmp_path / "plan.json")
     topology = apply_plan(base, plan)
     host = ProcessHost(path, topology, kafka, log_dir=tmp_path / "logs", extra_args=["--plan", str(plan_path)])
