@@ -52,6 +52,8 @@ from flowserve.wire.envelope import H_RECONSTRUCTED
 CONTENDERS = ("none", "replicas", "parity")
 SCENARIOS = ("clean", "stalls", "stopped")
 
+# The digits pipeline; ``{protected}`` is the emulated stage's block (``--stage emulated``) or empty, and
+# ``{model_extra}`` the classifier's replicas and parity when it is the protected stage itself.
 TEMPLATE = """
 name: {name}
 partitions: 4
@@ -60,49 +62,26 @@ nodes:
   pre:
     component: flowserve_components.digits:Normalize
     inputs: {{pixels: input.pixels}}
-  model:
+{protected}  model:
     component: flowserve_components.torch_stage:TorchClassifier
     params: {{model: digits-mlp, threads: 1}}
-    inputs: {{x: pre.x}}
-    replicas: {replicas}
-{parity}
-  post:
+    inputs: {{x: {source}.x}}
+{model_extra}  post:
     component: flowserve_components.postprocess:ArgMax
     inputs: {{logits: model.logits}}
 outputs:
   label: post.label
 sample: flowserve_components.digits:sample
 """
-
 
 #: ``--stage emulated``: an emulated accelerator (``flowserve.builtin:Accelerator``, the planner's tables)
 #: between the normalizer and the classifier is the protected stage. It passes rows through, so the
 #: parity model (the same stage) answers a summed query with the sum and decoding is exact.
-EMULATED = """
-name: {name}
-partitions: 4
-deadline_ms: 60000
-nodes:
-  pre:
-    component: flowserve_components.digits:Normalize
-    inputs: {{pixels: input.pixels}}
-  accel:
+ACCELERATOR = """  accel:
     component: flowserve.builtin:Accelerator
     params: {{model: {model}, hardware: {hardware}, ports: {{x: {{datatype: FP32, shape: [-1, 64]}}}}}}
     inputs: {{x: pre.x}}
-    replicas: {replicas}
-{parity}
-  model:
-    component: flowserve_components.torch_stage:TorchClassifier
-    params: {{model: digits-mlp, threads: 1}}
-    inputs: {{x: accel.x}}
-  post:
-    component: flowserve_components.postprocess:ArgMax
-    inputs: {{logits: model.logits}}
-outputs:
-  label: post.label
-sample: flowserve_components.digits:sample
-"""
+{extra}"""
 #: the emulated stage's model and hardware kind (flowserve.runtime.hardware: 32 ms a batch of one)
 EMULATED_MODEL = ("resnet50", "cpu")
 
@@ -114,14 +93,17 @@ def protected_node(stage: str) -> str:
 def topology_text(name: str, contender: str, n: int, k: int, wait_ms: float, encoder: str = "sum",
                   stage: str = "digits") -> str:
     replicas = n + n // k if contender == "replicas" else n
+    parity = f"    parity: {{k: {k}, wait_ms: {wait_ms}, replicas: {max(1, n // k)}"
+    if stage == "emulated":  # the pass-through stage is its own parity model: nothing to lay over it
+        parity += "}"
+    else:
+        parity += f", encoder: {encoder}, params: {{parity_k: {k}, parity_encoder: {encoder}}}}}"
+    extra = f"    replicas: {replicas}\n" + (f"{parity}\n" if contender == "parity" else "")
     if stage == "emulated":
-        parity = (f"    parity: {{k: {k}, wait_ms: {wait_ms}, replicas: {max(1, n // k)}}}"
-                  if contender == "parity" else "")
         model, hardware = EMULATED_MODEL
-        return EMULATED.format(name=name, replicas=replicas, parity=parity, model=model, hardware=hardware)
-    parity = (f"    parity: {{k: {k}, wait_ms: {wait_ms}, replicas: {max(1, n // k)}, encoder: {encoder}, "
-              f"params: {{parity_k: {k}, parity_encoder: {encoder}}}}}" if contender == "parity" else "")
-    return TEMPLATE.format(name=name, replicas=replicas, parity=parity)
+        accel = ACCELERATOR.format(model=model, hardware=hardware, extra=extra)
+        return TEMPLATE.format(name=name, protected=accel, source="accel", model_extra="")
+    return TEMPLATE.format(name=name, protected="", source="pre", model_extra=extra)
 
 
 async def _inject(scenario: str, procs: Sequence[Any], seconds: float, rng: random.Random, *, stall_ms: float,
