@@ -19,7 +19,7 @@ from pathlib import Path
 
 from flowserve.kafka.admin import ensure_topics
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
-from flowserve.kafka.shutdown import waiting_at
+from flowserve.kafka.shutdown import bounded
 from flowserve.runtime.batching import BatchPolicy
 from flowserve.runtime.hooks import HookFactory, no_hooks
 from flowserve.runtime.worker import StageWorker
@@ -82,13 +82,7 @@ class InlineHost:
         cancelled, and a warning says where it waited."""
         for w in self.workers:
             w.stop()
-        if self._tasks:
-            _, pending = await asyncio.wait(self._tasks, timeout=timeout_s)
-            for task in pending:
-                log.warning("%s did not stop within %.0f s; cancelled. It waited at: %s", task.get_name(),
-                            timeout_s, waiting_at(task))
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(bounded(task, task.get_name(), timeout_s) for task in self._tasks))
         self._tasks = []
 
     async def __aenter__(self) -> InlineHost:
