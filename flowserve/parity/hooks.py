@@ -6,11 +6,14 @@
   ``<base>.<node>.parity`` (same partition, in the batch's outbox: acknowledged before its offsets commit).
   The requests themselves go on at once, untouched: parity never delays the normal path.
 - :class:`DecoderHooks` runs in the parity model node's workers (independent of the protected node's:
-  that is the point). It starts a :class:`DecoderLoop` that reads the protected node's outputs and the
-  parity outputs (one consumer group; range assignment gives it the same partitions of both) and writes
-  each reconstructed output to the protected node's output topic, marked with ``fs-reconstructed`` (the
-  group id), plus a lineage record naming the group. The readers of that topic keep the first record of
-  a request and drop a later one (``Node.first_wins``), so downstream sees one ordinary output.
+  that is the point). Each parity output the worker computes goes straight to its :class:`DecoderLoop`
+  (no hop through the parity output topic: a rebuild is on the clock), which also reads every partition
+  of the protected node's outputs. A rebuilt output is written to the protected node's output topic,
+  marked with ``fs-reconstructed`` (the group id), plus a lineage record naming the group: through the
+  worker's outbox when the parity output completes the group (acknowledged before the parity query's
+  offset commits), through the loop's producer when a real output does. The readers of that topic keep
+  the first record of a request and drop a later one (``Node.first_wins``), so downstream sees one
+  ordinary output.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from aiokafka import TopicPartition
 
 from flowserve.component import Component
 from flowserve.errors import WireError
 from flowserve.kafka.clients import make_consumer, make_producer
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
-from flowserve.parity.groups import Decoder, Encoder, Member
+from flowserve.parity.groups import Decoder, Encoder, Member, Reconstructed
 from flowserve.runtime.emit import Item
 from flowserve.runtime.hooks import BatchOutcome, HookFactory, StageContext, StageHooks
 from flowserve.topology import names
@@ -126,8 +130,12 @@ class EncoderHooks(StageHooks):
         return {"parity_groups": groups, "parity_queries": self.queries, "parity_abandoned": abandoned}
 
 
+#: a record to write: (topic, key, value, partition, headers)
+Record = tuple[str, bytes, bytes, int, list[tuple[str, bytes]]]
+
+
 class DecoderLoop:
-    """Reads a protected node's outputs and its parity outputs; writes the outputs it reconstructs."""
+    """Reads a protected node's outputs; takes the parity outputs from its worker; rebuilds what is late."""
 
     def __init__(self, topology: Topology, protected: str, kafka: KafkaSettings,
                  settings: WorkerSettings | None = None) -> None:
@@ -136,7 +144,6 @@ class DecoderLoop:
         self.topology = topology
         self.protected = protected
         self.outputs = dict(topology.nodes[protected].output_topics)  # port -> topic
-        self.parity_topics = {names.parity_output_topic(topology.base, protected, p): p for p in self.outputs}
         self.real_topics = {t: p for p, t in self.outputs.items()}
         self.decoder = Decoder(spec.hold_ms)
         self.kafka = kafka
@@ -147,51 +154,35 @@ class DecoderLoop:
         self._stop.set()
 
     async def run(self) -> None:
-        # Two consumers: the parity outputs are shared among the decoders (one consumer group), but a
-        # group's members live on several partitions, so every decoder reads every partition of the
-        # real outputs (no group, from the end: outputs from before it started belong to nobody's group).
+        # A group's members live on several partitions, so every decoder reads every partition of the real
+        # outputs (no group, from the end: outputs from before it started belong to nobody's group).
         max_bytes = self.topology.spec.max_message_bytes
         client = f"fs-{self.protected}-decoder"
-        parity = make_consumer(self.kafka, self.settings, max_message_bytes=max_bytes, client_id=client,
-                               group_id=names.decoder_group(self.topology.base, self.protected))
         real = make_consumer(self.kafka, self.settings.model_copy(update={"auto_offset_reset": "latest"}),
                              max_message_bytes=max_bytes, client_id=client, group_id=None)
         producer = make_producer(self.kafka, self.settings, max_message_bytes=max_bytes, client_id=client)
         await producer.start()
-        await parity.start()
         await real.start()
-        parity.subscribe(list(self.parity_topics))
         real.assign([TopicPartition(t, p) for t in self.real_topics for p in range(self.topology.spec.partitions)])
         wait = self.settings.poll_timeout_ms
-        polls: dict[asyncio.Future[Any], Any] = {}
         try:
-            for consumer in (real, parity):
-                polls[asyncio.ensure_future(consumer.getmany(timeout_ms=wait, max_records=5000))] = consumer
             while not self._stop.is_set():
-                done, _ = await asyncio.wait(polls, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    consumer = polls.pop(task)
-                    fetched = task.result()
-                    futures = [await producer.send(topic, value, key=key, partition=partition, headers=headers)
-                               for topic, key, value, partition, headers in self.step(fetched)]
-                    if futures:
-                        await asyncio.gather(*futures)
-                    if consumer is parity and fetched:
-                        await parity.commit()
-                    polls[asyncio.ensure_future(consumer.getmany(timeout_ms=wait, max_records=5000))] = consumer
+                fetched = await real.getmany(timeout_ms=wait, max_records=5000)
+                futures = [await producer.send(topic, value, key=key, partition=partition, headers=headers)
+                           for topic, key, value, partition, headers in self.step(fetched)]
+                if futures:
+                    await asyncio.gather(*futures)
         finally:
-            for task in polls:
-                task.cancel()
-            for client_ in (parity, real, producer):
+            for client_ in (real, producer):
                 with contextlib.suppress(Exception):
                     await client_.stop()
 
-    def step(self, fetched: Mapping[Any, list[Any]]) -> list[tuple[str, bytes, bytes, int, list[tuple[str, bytes]]]]:
-        """Feed consumed records to the decoder; the records to write: (topic, key, value, partition, headers).
+    def step(self, fetched: Mapping[Any, list[Any]]) -> list[Record]:
+        """Feed the protected node's outputs to the decoder; the records to write.
         Records that cannot be used (errors, undecodable) are skipped: the real path carries them."""
         now = now_ms()
-        out: list[tuple[str, bytes, bytes, int, list[tuple[str, bytes]]]] = []
-        for tp, records in fetched.items():
+        out: list[Record] = []
+        for records in fetched.values():
             for rec in records:
                 headers = dict(rec.headers or ())
                 # error results carry nothing to decode with; rebuilt outputs are this decoder's own echo
@@ -202,27 +193,29 @@ class DecoderLoop:
                 except WireError as exc:  # the real path dead-letters it; the decoder just cannot use it
                     log.debug("parity decoder: skipping %s:%s:%s: %s", rec.topic, rec.partition, rec.offset, exc)
                     continue
-                rid = rec.key.decode("utf-8", "replace")
-                if tp.topic in self.parity_topics:
-                    members = decode_members(headers.get(H_PARITY_MEMBERS, b"[]"))
-                    done = self.decoder.parity(rid, members, tensors, now)
-                else:
-                    done = self.decoder.real(rid, tensors, now)
-                for r in done:
-                    hdrs = [*r.member.headers.items(), (H_ID, r.member.request_id.encode()),
-                            (H_RECONSTRUCTED, r.group_id.encode())]
-                    key = r.member.request_id.encode()
-                    for port, rows in r.outputs.items():
-                        out.append((self.outputs[port], key, encode_tensors({port: rows}), r.member.partition, hdrs))
-                    lineage = self._lineage(r.member.request_id, r.group_id, list(r.members))
-                    out.append((self.topology.lineage_topic, key, json.dumps(lineage).encode(), r.member.partition,
-                                []))
-                    action = {"ts_ms": now, "source": "parity", "node": self.protected,
-                              "action": {"reconstructed": r.member.request_id, "group": r.group_id,
-                                         "members": list(r.members)}}
-                    out.append((self.topology.actions_topic, key, json.dumps(action).encode(),
-                                r.member.partition, []))
+                out += self._records(self.decoder.real(rec.key.decode("utf-8", "replace"), tensors, now), now)
         self.decoder.expire(now)
+        return out
+
+    def parity(self, group_id: str, members: Sequence[Member], outputs: dict[str, np.ndarray]) -> list[Record]:
+        """The parity model computed a group's parity output; the records to write."""
+        now = now_ms()
+        return self._records(self.decoder.parity(group_id, members, outputs, now), now)
+
+    def _records(self, rebuilt: Sequence[Reconstructed], now: float) -> list[Record]:
+        out: list[Record] = []
+        for r in rebuilt:
+            hdrs = [*r.member.headers.items(), (H_ID, r.member.request_id.encode()),
+                    (H_RECONSTRUCTED, r.group_id.encode())]
+            key = r.member.request_id.encode()
+            for port, rows in r.outputs.items():
+                out.append((self.outputs[port], key, encode_tensors({port: rows}), r.member.partition, hdrs))
+            lineage = self._lineage(r.member.request_id, r.group_id, list(r.members))
+            out.append((self.topology.lineage_topic, key, json.dumps(lineage).encode(), r.member.partition, []))
+            action = {"ts_ms": now, "source": "parity", "node": self.protected,
+                      "action": {"reconstructed": r.member.request_id, "group": r.group_id,
+                                 "members": list(r.members)}}
+            out.append((self.topology.actions_topic, key, json.dumps(action).encode(), r.member.partition, []))
         return out
 
     def _lineage(self, rid: str, gid: str, members: list[str]) -> dict[str, Any]:
@@ -232,15 +225,32 @@ class DecoderLoop:
 
 
 class DecoderHooks(StageHooks):
-    """In a parity model node's worker: runs the protected node's :class:`DecoderLoop` beside it."""
+    """In a parity model node's worker: hands each parity output it computes to the protected node's
+    :class:`DecoderLoop`, which runs beside it, and queues the outputs rebuilt from it in the outbox."""
 
     def __init__(self, loop: DecoderLoop) -> None:
         self.loop = loop
         self._task: asyncio.Task[None] | None = None
+        self._emit: Any = None
 
     def start(self, stage: StageContext) -> None:
+        self._emit = stage.emit
         self._task = asyncio.get_running_loop().create_task(self.loop.run())
         self._task.add_done_callback(_report)
+
+    def begin(self, items: Sequence[Item]) -> Any:
+        return [(it.ready.request_id, it.ready.headers.get(H_PARITY_MEMBERS)) for it in items]
+
+    def end(self, token: Any, outcome: BatchOutcome) -> None:
+        start = 0
+        for (gid, members), n in zip(token, outcome.sizes, strict=True):
+            rows = range(start, start + n)
+            start += n
+            if members is None or any(i in outcome.errors for i in rows):
+                continue  # not a parity query, or it failed: its members' real outputs still flow
+            outputs = {port: array[rows.start:rows.stop] for port, array in outcome.outputs.items()}
+            for topic, key, value, partition, headers in self.loop.parity(gid, decode_members(members), outputs):
+                self._emit(topic, partition, key, value, headers)
 
     def counters(self) -> Mapping[str, int]:
         c = self.loop.decoder.counters

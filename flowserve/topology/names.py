@@ -137,11 +137,6 @@ def parity_output_topic(base: str, node: str, port: str) -> str:
     return edge_topic(base, parity_node(node), port)
 
 
-def decoder_group(base: str, node: str) -> str:
-    """The consumer group of ``node``'s parity decoder."""
-    return f"{base}.{node}.decoder"
-
-
 #: the suffix of a node's shadow version (continual learning, flowserve.learning).
 SHADOW = "shadow"
 

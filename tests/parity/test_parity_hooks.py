@@ -1,4 +1,4 @@
-"""The encoder hook and the decoder loop's record handling, without a broker (records built by hand)."""
+"""The encoder and decoder hooks and the decoder loop's record handling, without a broker (records built by hand)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flowserve.kafka.settings import KafkaSettings
-from flowserve.parity.hooks import DecoderLoop, EncoderHooks, decode_members, targets_of
+from flowserve.parity.groups import Member
+from flowserve.parity.hooks import DecoderHooks, DecoderLoop, EncoderHooks, decode_members, targets_of
 from flowserve.runtime.emit import Item
 from flowserve.runtime.hooks import BatchOutcome
 from flowserve.runtime.join import Ready
@@ -80,30 +81,46 @@ def test_the_encoder_hook_uses_the_declared_encoder() -> None:
     np.testing.assert_array_equal(decode_tensors(value)["x"], np.array([[2, 3, 6, 7]], np.float32))
 
 
-def test_the_decoder_loop_writes_the_rebuilt_output_to_the_members_partition_marked_with_lineage_and_action(
+def test_a_parity_output_completing_a_group_queues_the_rebuilt_output_in_the_outbox_with_lineage_and_action(
 ) -> None:
     t = load_topology_text(TOPOLOGY)
     loop = DecoderLoop(t, "model", KafkaSettings())
+    hook = DecoderHooks(loop)
+    sent: list[tuple] = []
+    hook._emit = lambda *record: sent.append(record)  # what StageContext.emit would queue
     members = json.dumps([["a", 1, {"fs-deadline": "99"}], ["b", 3, {}]]).encode()
     real_a = Rec("fs.hk.model.x", 1, b"a", encode_tensors({"x": np.full((1, 4), 3, np.float32)}))
     error_b = Rec("fs.hk.model.x", 3, b"b", encode_tensors({}), [(H_ERROR, b"boom")])
-    parity = Rec("fs.hk.model-parity.x", 1, b"a~p2", encode_tensors({"x": np.full((1, 4), 7, np.float32)}),
-                 [(H_PARITY_MEMBERS, members)])
-    out = loop.step({TP(r.topic, r.partition): [r] for r in (real_a, error_b)})
-    assert out == []
-    out = loop.step({TP(parity.topic, parity.partition): [parity]})
-    assert [(topic, key, partition) for topic, key, _, partition, _ in out] == [
-        ("fs.hk.model.x", b"b", 3), (t.lineage_topic, b"b", 3), (t.actions_topic, b"b", 3)]
-    _, _, value, _, headers = out[0]
+    assert loop.step({TP(r.topic, r.partition): [r] for r in (real_a, error_b)}) == []
+    # the parity worker's batch: a parity query (its members in the header) and one that failed
+    token = hook.begin([Item(Ready("a~p2", {}, {H_PARITY_MEMBERS: members}, 1)),
+                        Item(Ready("c~p2", {}, {H_PARITY_MEMBERS: b"[]"}, 0))])
+    hook.end(token, BatchOutcome([1, 1], {"x": np.full((2, 4), 7, np.float32)}, {}, {1: "boom"}))
+    assert [(topic, partition, key) for topic, partition, key, _, _ in sent] == [
+        ("fs.hk.model.x", 3, b"b"), (t.lineage_topic, 3, b"b"), (t.actions_topic, 3, b"b")]
+    _, _, _, value, headers = sent[0]
     np.testing.assert_array_equal(decode_tensors(value)["x"], np.full((1, 4), 4, np.float32))
     assert dict(headers)[H_RECONSTRUCTED] == b"a~p2" and dict(headers)[H_ID] == b"b"
-    lineage = json.loads(out[1][2])
+    lineage = json.loads(sent[1][3])
     assert lineage["request_id"] == "b" and lineage["reconstructed"] == {"group": "a~p2", "members": ["a", "b"]}
-    action = json.loads(out[2][2])  # what flowserve ui lists among recent actions
+    action = json.loads(sent[2][3])  # what flowserve ui lists among recent actions
     assert (action["source"], action["node"]) == ("parity", "model")
     assert action["action"] == {"reconstructed": "b", "group": "a~p2", "members": ["a", "b"]}
     # its own echo is not a late real output; the real one that comes later is
     echo = Rec("fs.hk.model.x", 3, b"b", value, list(headers))
     late = Rec("fs.hk.model.x", 3, b"b", encode_tensors({"x": np.full((1, 4), 4, np.float32)}))
     assert loop.step({TP(echo.topic, 3): [echo, late]}) == []
-    assert loop.decoder.counters.late_real == 1 and loop.decoder.counters.reconstructed == 1
+    assert hook.counters() == {"parity_outputs": 1, "reconstructed": 1, "parity_late_real": 1,
+                               "parity_lost_groups": 0}
+
+
+def test_a_real_output_completing_a_group_is_rebuilt_by_the_decoder_loop() -> None:
+    t = load_topology_text(TOPOLOGY)
+    loop = DecoderLoop(t, "model", KafkaSettings())
+    members = [Member("a", 1), Member("b", 3)]
+    assert loop.parity("a~p2", members, {"x": np.full((1, 4), 7, np.float32)}) == []  # nothing arrived yet
+    real_b = Rec("fs.hk.model.x", 3, b"b", encode_tensors({"x": np.full((1, 4), 5, np.float32)}))
+    out = loop.step({TP(real_b.topic, 3): [real_b]})
+    assert [(topic, key, partition) for topic, key, _, partition, _ in out] == [
+        ("fs.hk.model.x", b"a", 1), (t.lineage_topic, b"a", 1), (t.actions_topic, b"a", 1)]
+    np.testing.assert_array_equal(decode_tensors(out[0][2])["x"], np.full((1, 4), 2, np.float32))
