@@ -301,6 +301,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from flowserve.bench import run_bench
 
+    _stop_on_sigterm()  # a killed bench still stops the broker and workers it started
+
     if args.workload == "chaos":  # it starts, faults and stops its own Apache Kafka
         from flowserve.bench.chaos import chaos_bench
 

@@ -101,12 +101,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if missing:
         raise FlowserveError(f"the plan has no usable entry for node(s) {', '.join(missing)}")
     hop_ms = plan.hop_ms if args.hop_ms is None else args.hop_ms
+    overhead_ms = plan.overhead_ms if args.overhead_ms is None else args.overhead_ms
     result = simulate(sim_stages(options, plan.stages), trace.arrivals, partitions=plan.partitions,
-                      hop_s=hop_ms / 1000, seed=args.seed)
+                      hop_s=hop_ms / 1000, overhead_s=overhead_ms / 1000, seed=args.seed)
     slo_ms = args.slo_ms or plan.slo_ms
     summary: dict[str, Any] = {"requests": int(result.latency_s.size), "p50_ms": result.percentile(50) * 1000,
                "p99_ms": result.percentile(99) * 1000, "attainment": result.attainment(slo_ms / 1000),
-               "slo_ms": slo_ms, "hop_ms": hop_ms,
+               "slo_ms": slo_ms, "hop_ms": hop_ms, "overhead_ms": overhead_ms,
                "stages": {k: {"utilisation": s.utilisation, "mean_batch": s.mean_batch,
                               "mean_wait_ms": s.mean_wait_s * 1000} for k, s in result.stages.items()}}
     out.print(_stage_table(f"{topology.name}: simulated over {args.trace}", plan, result.stages))
@@ -131,13 +132,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.hardware:
         prices = _read_prices(args.hardware)
     with err.status("planning (simulating candidate configurations)…"):
-        plan = make_plan(topology, trace.arrivals, args.slo_ms, hop_ms=args.hop_ms, prices=prices,
-                         headroom=args.headroom, seed=args.seed,
+        plan = make_plan(topology, trace.arrivals, args.slo_ms, hop_ms=args.hop_ms, overhead_ms=args.overhead_ms,
+                         prices=prices, headroom=args.headroom, seed=args.seed,
                          log=(lambda m: err.print(m)) if args.verbose else None)
     target = Path(args.out) if args.out else Path(args.topology).with_suffix(".plan.json")
     save_plan(plan, target)
     result = simulate(sim_stages(stage_options(topology), plan.stages), trace.arrivals,
-                      partitions=plan.partitions, hop_s=plan.hop_ms / 1000, seed=args.seed)
+                      partitions=plan.partitions, hop_s=plan.hop_ms / 1000, overhead_s=plan.overhead_ms / 1000,
+                      seed=args.seed)
     out.print(_stage_table(f"{topology.name}: plan for p99 <= {args.slo_ms:g} ms -> {target}", plan, result.stages))
     p = plan.predicted
     out.print(f"predicted p99 {p['p99_ms']:.1f} ms  cost ${p['cost_per_hour']:.3f}/h  partitions {plan.partitions}")
@@ -209,6 +211,8 @@ def register(sub: Any) -> None:
     p.add_argument("--plan", required=True)
     p.add_argument("--slo-ms", type=float, help="attainment threshold (default: the plan's SLO)")
     p.add_argument("--hop-ms", type=float, help="per-hop Kafka latency (default: the plan's)")
+    p.add_argument("--overhead-ms", type=float,
+                   help="per-batch worker overhead besides the device (default: the plan's)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_simulate)
 
@@ -218,6 +222,9 @@ def register(sub: Any) -> None:
     p.add_argument("--slo-ms", type=float, required=True)
     p.add_argument("--hardware", help="JSON {kind: price per hour} to plan with (default: the built-in kinds)")
     p.add_argument("--hop-ms", type=float, default=5.0, help="per-hop Kafka latency measured on the target")
+    p.add_argument("--overhead-ms", type=float, default=5.0,
+                   help="what a worker spends per batch besides the device, measured on the target at saturation "
+                        "('flowserve bench tuner' prints it)")
     p.add_argument("--headroom", type=float, default=2.0, help="partitions = most consumers x this")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="plan file (default: <topology>.plan.json)")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
@@ -73,6 +73,8 @@ class Readiness:
     dead: tuple[str, ...] = ()
     #: stages without a member that consumes now (none, or the group is rebalancing)
     missing: tuple[str, ...] = ()
+    #: per stage, the members of its consumer group when the group is Stable (0 while it rebalances)
+    members: Mapping[str, int] = field(default_factory=dict)
 
 
 class ReadinessProbe:
@@ -147,14 +149,15 @@ class ReadinessProbe:
             return await self._probe()
         out: dict[str, Readiness] = {}
         for name, t in self.topologies.items():
-            missing = [n for n in t.nodes if not members.get(t.group_id(n))]
+            stable = {n: members.get(t.group_id(n), 0) for n in t.nodes}
+            missing = [n for n, count in stable.items() if not count]
             dead = tuple(n for n in t.nodes if self._dead(t.group_id(n), present))
             if missing:
                 out[name] = Readiness(False, f"model '{name}': stage(s) {', '.join(missing)} have no live worker "
                                              f"(consumer group {t.group_id(missing[0])} has no member or is "
-                                             "rebalancing)", dead=dead, missing=tuple(missing))
+                                             "rebalancing)", dead=dead, missing=tuple(missing), members=stable)
             else:
-                out[name] = Readiness(True, "every stage has a live worker")
+                out[name] = Readiness(True, "every stage has a live worker", members=stable)
         return out
 
     def _dead(self, group: str, present: dict[str, int]) -> bool:

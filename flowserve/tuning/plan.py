@@ -70,10 +70,12 @@ class Plan:
     hop_ms: float
     stages: dict[str, StageConfig]
     predicted: dict[str, Any] = field(default_factory=dict)
+    #: what a worker spends per batch besides the device (see flowserve.tuning.simulate), in ms
+    overhead_ms: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"format": PLAN_FORMAT, "topology": self.topology, "slo_ms": self.slo_ms,
-                "partitions": self.partitions, "hop_ms": self.hop_ms,
+                "partitions": self.partitions, "hop_ms": self.hop_ms, "overhead_ms": self.overhead_ms,
                 "stages": {k: asdict(v) for k, v in self.stages.items()}, "predicted": self.predicted}
 
     def cost_per_hour(self, prices: dict[str, float]) -> float:
@@ -91,7 +93,7 @@ def load_plan(path: str | Path) -> Plan:
     stages = {k: StageConfig(str(v["hardware"]), int(v["max_batch"]), int(v["consumers"]))
               for k, v in doc["stages"].items()}
     return Plan(doc["topology"], float(doc["slo_ms"]), int(doc["partitions"]), float(doc["hop_ms"]), stages,
-                dict(doc.get("predicted") or {}))
+                dict(doc.get("predicted") or {}), float(doc.get("overhead_ms", 0.0)))
 
 
 # -- from a topology -------------------------------------------------------------------------------
@@ -153,8 +155,8 @@ def partitions_for(config: dict[str, StageConfig], minimum: int = 1, headroom: f
 
 
 def search(options: Sequence[StageOptions], arrivals: np.ndarray, slo_s: float, *, prices: dict[str, float],
-           hop_s: float, seed: int = 0, jitter: float = 0.05, percentile: float = 99.0, min_partitions: int = 1,
-           headroom: float = 2.0, log: Callable[[str], None] | None = None
+           hop_s: float, overhead_s: float = 0.0, seed: int = 0, jitter: float = 0.05, percentile: float = 99.0,
+           min_partitions: int = 1, headroom: float = 2.0, log: Callable[[str], None] | None = None
            ) -> tuple[dict[str, StageConfig], SimResult]:
     """InferLine's planner search (see the module docstring); the cheapest feasible config found."""
     cache: dict[tuple[tuple[str, str, int, int], ...], SimResult] = {}
@@ -164,7 +166,7 @@ def search(options: Sequence[StageOptions], arrivals: np.ndarray, slo_s: float, 
         if key not in cache:
             cache[key] = simulate(sim_stages(options, config), arrivals,
                                   partitions=partitions_for(config, min_partitions, headroom),
-                                  hop_s=hop_s, jitter=jitter, seed=seed)
+                                  hop_s=hop_s, jitter=jitter, seed=seed, overhead_s=overhead_s)
         return cache[key]
 
     def ok(result: SimResult) -> bool:
@@ -223,31 +225,34 @@ def _candidates(o: StageOptions, cfg: StageConfig, prices: dict[str, float]) -> 
 
 
 def make_plan(topology: Topology, arrivals: np.ndarray, slo_ms: float, *, hop_ms: float,
-              prices: dict[str, float] | None = None, headroom: float = 2.0, seed: int = 0,
-              log: Callable[[str], None] | None = None) -> Plan:
-    """Plan ``topology`` for the trace ``arrivals`` and the end-to-end p99 objective ``slo_ms``."""
+              overhead_ms: float = 0.0, prices: dict[str, float] | None = None, headroom: float = 2.0,
+              seed: int = 0, log: Callable[[str], None] | None = None) -> Plan:
+    """Plan ``topology`` for the trace ``arrivals`` and the end-to-end p99 objective ``slo_ms``, with
+    ``hop_ms`` per Kafka hop and ``overhead_ms`` per batch besides the device (both measured on the target)."""
     prices = prices or {k: h.price_per_hour for k, h in hw.HARDWARE.items()}
     options = stage_options(topology)
     for o in options:
         o.tables = {k: t for k, t in o.tables.items() if k in prices}
         if not o.tables:
             raise FlowserveError(f"node '{o.id}' runs on none of the hardware kinds priced ({', '.join(prices)})")
-    config, result = search(options, arrivals, slo_ms / 1000, prices=prices, hop_s=hop_ms / 1000, seed=seed,
-                            min_partitions=topology.spec.partitions, headroom=headroom, log=log)
+    config, result = search(options, arrivals, slo_ms / 1000, prices=prices, hop_s=hop_ms / 1000,
+                            overhead_s=overhead_ms / 1000, seed=seed, min_partitions=topology.spec.partitions,
+                            headroom=headroom, log=log)
     partitions = partitions_for(config, topology.spec.partitions, headroom)
     predicted = {"p50_ms": result.percentile(50) * 1000, "p99_ms": result.percentile(99) * 1000,
                  "attainment": result.attainment(slo_ms / 1000), "cost_per_hour": cost(config, prices),
                  "utilisation": {k: round(s.utilisation, 3) for k, s in result.stages.items()}}
-    return Plan(topology.name, slo_ms, partitions, hop_ms, config, predicted)
+    return Plan(topology.name, slo_ms, partitions, hop_ms, config, predicted, overhead_ms)
 
 
 def service_curves(options: Sequence[StageOptions], plan: Plan) -> dict[str, curves.RateLatency]:
     """Each planned stage's rate-latency service curve: its consumers serving full batches of its planned
-    size at the hardware's batch time (filling a batch is paid as part of the queueing the envelope bounds)."""
+    size at the hardware's batch time plus the plan's per-batch overhead (filling a batch is paid as part
+    of the queueing the envelope bounds)."""
     out: dict[str, curves.RateLatency] = {}
     for o in options:
         cfg = plan.stages.get(o.id)
         if cfg is not None:
-            seconds = batch_time(o.tables[cfg.hardware], cfg.max_batch)
+            seconds = batch_time(o.tables[cfg.hardware], cfg.max_batch) + plan.overhead_ms / 1000
             out[o.id] = curves.service_curve(cfg.consumers, cfg.max_batch, seconds)
     return out

@@ -7,12 +7,16 @@ to their input's partition); an idle consumer takes what is queued on its partit
 figure, linear between listed sizes, times a seeded gamma jitter), then emits the batch downstream. Every
 edge (client -> first stage, stage -> stage, last stage -> client) costs ``hop_s``, the per-hop Kafka
 latency measured on this machine: a constant, or an array of measured hop times to draw each hop from
-(a broker whose fetches wait makes hop times spread widely). A node with several inputs joins per
+(a broker whose fetches wait makes hop times spread widely). Each batch also holds its consumer for
+``overhead_s`` beyond the device: what a worker spends per batch besides ``process`` (fetching, decoding,
+encoding and producing its records, with the CPU shared among the processes on the machine), measured
+at saturation (``flowserve bench tuner`` measures it), again a constant or measured samples to draw
+from. A node with several inputs joins per
 request (``inner``: all of them, ``any``: the first); a routing node sends a request down each output
 port with that port's share.
 
 Not modelled: rebalance pauses (a static plan has none; the tuner's actions pay one live), fetch batching
-beyond ``hop_s``, and CPU contention between stages.
+beyond ``hop_s``, and CPU contention between stages beyond what ``overhead_s`` averages.
 
 >>> from flowserve.tuning.simulate import SimStage, simulate
 >>> stage = SimStage("m", {1: 0.01}, inputs=[(None, "x")], consumers=1, max_batch=1, output=True)
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -114,8 +118,25 @@ def _order(stages: Sequence[SimStage]) -> dict[str, list[tuple[str, str]]]:
     return down
 
 
+def _sampler(value: float | np.ndarray, rng: np.random.Generator) -> Callable[[], float]:
+    """A constant, or draws (in blocks: no numpy call per draw) from measured samples."""
+    samples = np.asarray(value, dtype=float).reshape(-1)
+    if samples.size == 1:
+        constant = float(samples[0])
+        return lambda: constant
+    drawn: list[float] = []
+
+    def draw() -> float:
+        if not drawn:
+            drawn.extend(rng.choice(samples, 4096).tolist())
+        return drawn.pop()
+
+    return draw
+
+
 def simulate(stages: Sequence[SimStage], arrivals: Sequence[float] | np.ndarray, *, partitions: int,
-             hop_s: float | np.ndarray = 0.002, jitter: float = 0.05, seed: int = 0) -> SimResult:
+             hop_s: float | np.ndarray = 0.002, jitter: float = 0.05, seed: int = 0,
+             overhead_s: float | np.ndarray = 0.0) -> SimResult:
     """Run ``arrivals`` (seconds) through ``stages`` (topological order); per-request latency and per-stage stats."""
     arr = np.sort(np.asarray(arrivals, dtype=float))
     n = arr.size
@@ -168,7 +189,7 @@ def simulate(stages: Sequence[SimStage], arrivals: Sequence[float] | np.ndarray,
         batched[sid] += take
         for _req, enq in batch:
             waits[sid].append(t - enq)
-        push(t + service, DONE, sid, k, [req for req, _ in batch])
+        push(t + service + overhead(), DONE, sid, k, [req for req, _ in batch])
 
     def emitted(sid: str, port: str, req: int) -> bool:
         fractions = by_id[sid].fractions
@@ -181,15 +202,8 @@ def simulate(stages: Sequence[SimStage], arrivals: Sequence[float] | np.ndarray,
             lo += share
         return False
 
-    hops = np.asarray(hop_s, dtype=float).reshape(-1)
-    hop_draws: list[float] = []
-
-    def hop() -> float:
-        if hops.size == 1:
-            return float(hops[0])
-        if not hop_draws:
-            hop_draws.extend(rng.choice(hops, 4096).tolist())
-        return hop_draws.pop()
+    hop = _sampler(hop_s, rng)
+    overhead = _sampler(overhead_s, rng)
 
     firsts = [s.id for s in stages if any(src is None for src, _ in s.inputs)]
     for req, t in enumerate(arr.tolist()):

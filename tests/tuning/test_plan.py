@@ -20,6 +20,7 @@ from flowserve.tuning.plan import (
     partitions_for,
     save_plan,
     search,
+    service_curves,
     sim_stages,
 )
 from flowserve.tuning.simulate import simulate
@@ -64,11 +65,12 @@ def test_infeasible_slo_is_refused() -> None:
 def test_plan_for_a_topology_round_trips_and_applies(tmp_path: Path) -> None:
     topology = load_topology(TOPOLOGIES / "cascade-emulated.yaml")
     arrivals = generate("poisson", rate=100, seconds=10, seed=0).arrivals
-    plan = make_plan(topology, arrivals, 150, hop_ms=5)
+    plan = make_plan(topology, arrivals, 150, hop_ms=5, overhead_ms=2)
     assert plan.predicted["p99_ms"] <= 150
     assert set(plan.stages) == set(topology.nodes)
     back = load_plan(save_plan(plan, tmp_path / "p.json"))
     assert back.stages == plan.stages and back.partitions == plan.partitions
+    assert (back.hop_ms, back.overhead_ms) == (5, 2)
     planned = apply_plan(topology, back)
     assert planned.spec.partitions == plan.partitions
     expensive = planned.spec.nodes["expensive"]
@@ -77,6 +79,13 @@ def test_plan_for_a_topology_round_trips_and_applies(tmp_path: Path) -> None:
                                                          plan.stages["expensive"].max_batch)
     assert expensive.batching.policy == "lag"
     assert "hardware" not in planned.spec.nodes["final"].params  # Identity has no hardware to choose
+
+
+def test_service_curves_pay_the_per_batch_overhead() -> None:
+    plan = Plan("t", 100, 4, 2, {"a": StageConfig("big", 8, 2), "b": StageConfig("small", 1, 1)}, overhead_ms=1)
+    curves = service_curves(_pipeline(), plan)
+    assert curves["a"].rate == pytest.approx(2 * 8 / (0.003 + 0.001))  # two consumers, batches of 8 in 3 + 1 ms
+    assert curves["b"].latency == pytest.approx(0.010 + 0.001)
 
 
 def test_a_plan_for_another_topology_is_refused() -> None:

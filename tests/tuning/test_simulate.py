@@ -48,6 +48,18 @@ def test_hops_batches_and_a_saturated_stage() -> None:
     assert result.stages["m"].batches == 4
 
 
+def test_a_batch_holds_its_consumer_for_the_overhead_too() -> None:
+    # two requests 1 ms apart, 10 ms of device and 5 ms of worker overhead per batch: the second waits for both
+    stage = SimStage("m", {1: 0.01}, inputs=[(None, "x")], output=True)
+    result = simulate([stage], [0.0, 0.001], partitions=1, hop_s=0.0, jitter=0.0, overhead_s=0.005)
+    assert np.round(result.latency_s, 6).tolist() == [0.015, 0.029]
+    assert result.stages["m"].utilisation == pytest.approx(0.02 / 0.03)  # the device's share, not the overhead's
+    # drawn from measured samples: every draw is one of them
+    drawn = simulate([stage], np.arange(200) * 0.1, partitions=1, hop_s=0.0, jitter=0.0,
+                     overhead_s=np.array([0.001, 0.003]), seed=1)
+    assert set(np.round(drawn.latency_s, 6).tolist()) == {0.011, 0.013}
+
+
 def test_cascade_routing_and_any_join() -> None:
     stages = [
         SimStage("cheap", {1: 0.001}, inputs=[(None, "x")], max_batch=8),
