@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -33,6 +32,7 @@ from flowserve.component import Component
 from flowserve.errors import WireError
 from flowserve.kafka.clients import make_consumer, make_producer
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
+from flowserve.kafka.shutdown import stop_client
 from flowserve.parity.groups import Decoder, Encoder, Member, Reconstructed
 from flowserve.runtime.emit import Item
 from flowserve.runtime.hooks import BatchOutcome, HookFactory, StageContext, StageHooks
@@ -104,15 +104,11 @@ class EncoderHooks(StageHooks):
             if array is None or target.out_port in outcome.mask:
                 continue  # a masked (routed) port: which requests go where is not known per group
             encoder = self.encoders[target.node]
-            start = 0
-            for (rid, partition, headers), n in zip(token, outcome.sizes, strict=True):
-                stop = start + n
-                if outcome.errors and any(i in outcome.errors for i in range(start, stop)):
-                    start = stop
+            for (rid, partition, headers), (rows, failed) in zip(token, outcome.requests(), strict=True):
+                if failed:
                     continue
                 member = Member(rid, partition, {k: v for k, v in headers.items() if k != H_ID})
-                group = encoder.add(partition, member, {target.in_port: array[start:stop]}, now)
-                start = stop
+                group = encoder.add(partition, member, {target.in_port: array[rows]}, now)
                 if group is not None:
                     self.queries += 1
                     self._emit(target.topic, group.partition, group.group_id.encode(), encode_tensors(group.query),
@@ -144,7 +140,6 @@ class DecoderLoop:
         self.topology = topology
         self.protected = protected
         self.outputs = dict(topology.nodes[protected].output_topics)  # port -> topic
-        self.real_topics = {t: p for p, t in self.outputs.items()}
         self.decoder = Decoder(spec.hold_ms)
         self.kafka = kafka
         self.settings = settings or WorkerSettings()
@@ -163,7 +158,7 @@ class DecoderLoop:
         producer = make_producer(self.kafka, self.settings, max_message_bytes=max_bytes, client_id=client)
         await producer.start()
         await real.start()
-        real.assign([TopicPartition(t, p) for t in self.real_topics for p in range(self.topology.spec.partitions)])
+        real.assign([TopicPartition(t, p) for t in self.outputs.values() for p in range(self.topology.spec.partitions)])
         wait = self.settings.poll_timeout_ms
         try:
             while not self._stop.is_set():
@@ -173,9 +168,8 @@ class DecoderLoop:
                 if futures:
                     await asyncio.gather(*futures)
         finally:
-            for client_ in (real, producer):
-                with contextlib.suppress(Exception):
-                    await client_.stop()
+            await stop_client(real, f"{client}: output consumer stop")
+            await stop_client(producer, f"{client}: producer stop")
 
     def step(self, fetched: Mapping[Any, list[Any]]) -> list[Record]:
         """Feed the protected node's outputs to the decoder; the records to write.
@@ -242,13 +236,10 @@ class DecoderHooks(StageHooks):
         return [(it.ready.request_id, it.ready.headers.get(H_PARITY_MEMBERS)) for it in items]
 
     def end(self, token: Any, outcome: BatchOutcome) -> None:
-        start = 0
-        for (gid, members), n in zip(token, outcome.sizes, strict=True):
-            rows = range(start, start + n)
-            start += n
-            if members is None or any(i in outcome.errors for i in rows):
+        for (gid, members), (rows, failed) in zip(token, outcome.requests(), strict=True):
+            if members is None or failed:
                 continue  # not a parity query, or it failed: its members' real outputs still flow
-            outputs = {port: array[rows.start:rows.stop] for port, array in outcome.outputs.items()}
+            outputs = {port: array[rows] for port, array in outcome.outputs.items()}
             for topic, key, value, partition, headers in self.loop.parity(gid, decode_members(members), outputs):
                 self._emit(topic, partition, key, value, headers)
 

@@ -22,7 +22,7 @@ with the batch's outputs, before its offsets commit (at-least-once for side reco
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +64,14 @@ class BatchOutcome:
     outputs: Mapping[str, np.ndarray]
     mask: Mapping[str, np.ndarray]
     errors: Mapping[int, str]
+
+    def requests(self) -> Iterator[tuple[slice, bool]]:
+        """Per request, in batch order: its rows of ``outputs`` and whether it failed."""
+        start = 0
+        for n in self.sizes:
+            rows = slice(start, start + n)
+            start += n
+            yield rows, bool(self.errors) and any(i in self.errors for i in range(rows.start, rows.stop))
 
 
 class StageHooks:
