@@ -479,6 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tuner-rate", type=float, default=30.0, help="tuner, simulate: base request rate")
     p.add_argument("--trace-seconds", type=float, default=40.0, help="tuner, simulate: length of each trace")
     p.add_argument("--slo-ms", type=float, default=600.0, help="tuner: end-to-end SLO")
+    p.add_argument("--tuner-rule", choices=("bound", "relative"), default="bound",
+                   help="tuner: the tuner contender's rule (flowserve tune --rule)")
     from flowserve.cli.chaos import add_arguments as chaos_arguments
 
     chaos_arguments(p)  # chaos --minutes M --nodes N

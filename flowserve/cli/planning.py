@@ -266,7 +266,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await tune(topology, plan, kafka, scaler, stop=stop, hold_s=args.hold_s, hysteresis=args.hysteresis,
-                   horizon_s=args.horizon_s,
+                   horizon_s=args.horizon_s, rule=args.rule,
                    on_action=lambda a: out.print(f"{time.strftime('%H:%M:%S')} scale {a.stage} "
                                                  f"{a.before} -> {a.after}: {a.reason}"))
 
@@ -286,6 +286,9 @@ def register_tune(sub: Any) -> None:
     p.add_argument("--hold-s", type=float, default=30.0, help="stay below this long before scaling down")
     p.add_argument("--hysteresis", type=float, default=0.25, help="scale down only below (1 - h) of the need")
     p.add_argument("--horizon-s", type=float, default=60.0, help="longest envelope window (seconds of history)")
+    p.add_argument("--rule", choices=("bound", "relative"), default="bound",
+                   help="size stages on the delay bound of the live envelope, or relative to the plan's envelope "
+                        "(InferLine's trigger)")
     p.add_argument("--kubernetes", metavar="NAMESPACE",
                    help="patch Deployments <topology>-<node> there instead of starting local workers")
     p.set_defaults(func=cmd_tune)

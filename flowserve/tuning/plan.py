@@ -72,11 +72,15 @@ class Plan:
     predicted: dict[str, Any] = field(default_factory=dict)
     #: what a worker spends per batch besides the device (see flowserve.tuning.simulate), in ms
     overhead_ms: float = 0.0
+    #: the arrival envelope of the trace the plan was made for: (window seconds, most arrivals in such a
+    #: window). The tuner scales against it (InferLine: the plan holds for its sample; act when live exceeds it).
+    envelope: list[tuple[float, int]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": PLAN_FORMAT, "topology": self.topology, "slo_ms": self.slo_ms,
                 "partitions": self.partitions, "hop_ms": self.hop_ms, "overhead_ms": self.overhead_ms,
-                "stages": {k: asdict(v) for k, v in self.stages.items()}, "predicted": self.predicted}
+                "stages": {k: asdict(v) for k, v in self.stages.items()}, "predicted": self.predicted,
+                "envelope": [[w, n] for w, n in self.envelope]}
 
     def cost_per_hour(self, prices: dict[str, float]) -> float:
         return sum(c.consumers * prices[c.hardware] for c in self.stages.values())
@@ -93,7 +97,8 @@ def load_plan(path: str | Path) -> Plan:
     stages = {k: StageConfig(str(v["hardware"]), int(v["max_batch"]), int(v["consumers"]))
               for k, v in doc["stages"].items()}
     return Plan(doc["topology"], float(doc["slo_ms"]), int(doc["partitions"]), float(doc["hop_ms"]), stages,
-                dict(doc.get("predicted") or {}), float(doc.get("overhead_ms", 0.0)))
+                dict(doc.get("predicted") or {}), float(doc.get("overhead_ms", 0.0)),
+                [(float(w), int(n)) for w, n in doc.get("envelope") or []])
 
 
 # -- from a topology -------------------------------------------------------------------------------
@@ -242,7 +247,21 @@ def make_plan(topology: Topology, arrivals: np.ndarray, slo_ms: float, *, hop_ms
     predicted = {"p50_ms": result.percentile(50) * 1000, "p99_ms": result.percentile(99) * 1000,
                  "attainment": result.attainment(slo_ms / 1000), "cost_per_hour": cost(config, prices),
                  "utilisation": {k: round(s.utilisation, 3) for k, s in result.stages.items()}}
-    return Plan(topology.name, slo_ms, partitions, hop_ms, config, predicted, overhead_ms)
+    # InferLine starts the envelope's windows at the system's service time: here the slowest stage's batch
+    service = max(batch_time(o.tables[config[o.id].hardware], config[o.id].max_batch) for o in options)
+    return Plan(topology.name, slo_ms, partitions, hop_ms, config, predicted, overhead_ms,
+                planned_envelope(arrivals, service + overhead_ms / 1000))
+
+
+def planned_envelope(arrivals: np.ndarray, shortest_s: float) -> list[tuple[float, int]]:
+    """(window, most arrivals in it) for windows doubling from ``shortest_s`` up to half the trace (a
+    window as long as the trace says nothing about bursts) and at most 60 s."""
+    a = np.sort(np.asarray(arrivals, dtype=float))
+    span = float(a[-1] - a[0]) if a.size > 1 else 0.0
+    longest = min(curves.MAX_WINDOW_S, span / 2)
+    if longest <= shortest_s:
+        return []
+    return [(w, curves.max_arrivals(a, w)) for w in curves.windows(max(shortest_s, 0.01), longest)]
 
 
 def service_curves(options: Sequence[StageOptions], plan: Plan) -> dict[str, curves.RateLatency]:

@@ -2,13 +2,25 @@
 
 InferLine's high-frequency tuner, in network-calculus terms (:mod:`flowserve.tuning.curves`). Every
 second the controller takes the arrivals of the last ``horizon_s`` seconds (the inputs topic's record
-timestamps), builds their token-bucket envelope, scales it by each stage's share of the traffic (a
-cascade's expensive stage sees only its unsure share), and asks, per stage, how many consumers ``c`` its
-rate-latency service curve ``R = c n / l(n)``, ``T = l(n)`` needs so that the delay bound
-``T + b / R`` stays within the stage's share of the SLO and ``R`` covers every window's rate.
+timestamps) and asks, per stage, how many consumers it needs, by one of two rules:
 
-- more consumers than running: **scale up at once**, at most doubling, then leave the stage alone for
-  ``settle_s`` while its group rebalances;
+- ``bound`` (the default), **on the delay bound**: the live token-bucket envelope, scaled by each
+  stage's share of the traffic (a cascade's expensive stage sees only its unsure share), against the
+  stage's rate-latency service curve ``R = c n / l(n)``, ``T = l(n)``: the fewest ``c`` whose delay bound
+  ``T + b / R`` stays within the stage's share of the SLO and whose ``R`` covers every window's rate. The
+  bound is the worst case of every burst, so it provisions for more than a p99 needs.
+- ``relative``, **to the plan** (plans made by ``flowserve plan`` keep the envelope of their trace): the plan
+  meets the SLO for that trace, so a stage needs its planned consumers times the most by which the live
+  envelope (the most arrivals in any window of each length, doubling from the slowest stage's batch time)
+  exceeds the planned one; windows where the plan's trace had fewer than ``MIN_COUNT`` arrivals are noise
+  and left out. This is InferLine's trigger: act when the workload leaves the sample the plan was made for.
+  It keeps a stationary workload at the plan's cost, but the plan's envelope holds its own sample's
+  noise, so it under-reacts to a change of rate and over-reacts to noise (docs/benchmarks.md).
+
+Then:
+
+- more consumers than running: **scale up at once** (on the bound, at most doubling), then leave the
+  stage alone for ``settle_s`` while its group rebalances;
 - fewer, with the envelope inflated by ``hysteresis``, for ``hold_s`` on end: **scale down** to that;
 - never beyond the topology's partitions (consumers past them would sit idle), never below one.
 
@@ -20,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import subprocess
@@ -31,10 +44,11 @@ from typing import Protocol
 
 import numpy as np
 
+from flowserve.errors import FlowserveError
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost
 from flowserve.topology.graph import Topology
-from flowserve.tuning.curves import TokenBucket, envelope
+from flowserve.tuning.curves import TokenBucket, envelope, max_arrivals
 from flowserve.tuning.plan import Plan, StageOptions, stage_options
 from flowserve.tuning.simulate import batch_time
 
@@ -51,6 +65,8 @@ class StageTarget:
     slo_share_s: float
     traffic_share: float = 1.0
     max_consumers: int = 64
+    #: the plan's consumers: what the plan's trace needs (the relative rule scales from it)
+    consumers: int = 1
 
 
 @dataclass(frozen=True)
@@ -81,6 +97,29 @@ def needed_consumers(family: Sequence[TokenBucket], target: StageTarget, scale: 
     return min(c, target.max_consumers), f"{why} -> needs {worst:.1f}/s of {per_consumer:.1f}/s per consumer"
 
 
+#: how the controller sizes a stage (see the module docstring)
+RULES = ("bound", "relative")
+#: a window where the plan's trace had fewer arrivals than this is left out of the ratio: 3 against 2 is noise
+MIN_COUNT = 5
+
+
+def relative_consumers(arrivals: np.ndarray, planned: Sequence[tuple[float, int]], target: StageTarget,
+                       scale: float = 1.0) -> tuple[int, str]:
+    """InferLine's rule: the plan meets the SLO for its trace, so a stage needs its planned consumers times
+    the most that the live envelope exceeds the planned one at any window (``scale`` inflates it)."""
+    if arrivals.size == 0:
+        return 1, "no arrivals"
+    counted = [(w, n) for w, n in planned if n >= MIN_COUNT] or list(planned)
+    factor, why = 0.0, ""
+    for w, n in counted:
+        live = max_arrivals(arrivals, w)
+        if live / max(n, 1) > factor:
+            factor = live / max(n, 1)
+            why = f"window {w:.3g} s: {live} arrivals where the plan's trace had {n}"
+    c = max(1, math.ceil(target.consumers * factor * scale - 1e-9))
+    return min(c, target.max_consumers), f"{why} -> x{factor:.2f} of the plan's {target.consumers} consumer(s)"
+
+
 @dataclass
 class Controller:
     """Decides scaling actions from observed arrival times (seconds); pure, so it is unit-tested."""
@@ -92,6 +131,9 @@ class Controller:
     #: after an action on a stage, leave it alone this long: its group is rebalancing, and the envelope
     #: it sees meanwhile holds the backlog the pause built, not new traffic
     settle_s: float = 5.0
+    #: the plan's envelope (window, most arrivals): when given, stages scale relative to it
+    #: (:func:`relative_consumers`); else on the delay bound (:func:`needed_consumers`)
+    planned: list[tuple[float, int]] = field(default_factory=list)
     _arrivals: deque[float] = field(default_factory=deque)
     _below_since: dict[str, float] = field(default_factory=dict)
     _last_action: dict[str, float] = field(default_factory=dict)
@@ -100,27 +142,34 @@ class Controller:
         self._arrivals.extend(float(t) for t in times_s)
 
     def envelope(self, now: float, shortest: float) -> list[TokenBucket]:
+        live = self._live(now)
+        return envelope(live, shortest, longest=self.horizon_s) if live.size else []
+
+    def _live(self, now: float) -> np.ndarray:
+        """The arrivals of the last ``horizon_s`` seconds."""
         while self._arrivals and self._arrivals[0] < now - self.horizon_s:
             self._arrivals.popleft()
-        if not self._arrivals:
-            return []
-        return envelope(np.fromiter(self._arrivals, dtype=float), shortest, longest=self.horizon_s)
+        return np.fromiter(self._arrivals, dtype=float)
 
     def decide(self, now: float, current: dict[str, int]) -> list[Action]:
         actions = []
+        live = self._live(now) if self.planned else None
         for t in self.targets:
-            family = self.envelope(now, min(t.batch_s, self.horizon_s / 2))
             have = current.get(t.id, 1)
             if now - self._last_action.get(t.id, -math.inf) < self.settle_s:
                 continue
-            up, why = needed_consumers(family, t)
+            need = (functools.partial(relative_consumers, live, self.planned, t) if live is not None else
+                    functools.partial(needed_consumers, self.envelope(now, min(t.batch_s, self.horizon_s / 2)), t))
+            up, why = need(scale=1.0)
             if up > have:
                 self._below_since.pop(t.id, None)
                 self._last_action[t.id] = now
-                # at most double per step: each step costs a rebalance, and the next one sees its effect
-                actions.append(Action(t.id, have, min(up, 2 * have), now, why))
+                # the bound reads every burst as the worst case, so it steps at most doubling, seeing each
+                # step's effect; the relative rule scales from a plan shown to hold, so it goes at once
+                # (each step costs a rebalance)
+                actions.append(Action(t.id, have, up if live is not None else min(up, 2 * have), now, why))
                 continue
-            down, why_down = needed_consumers(family, t, scale=1.0 + self.hysteresis)
+            down, why_down = need(scale=1.0 + self.hysteresis)
             if down >= have:
                 self._below_since.pop(t.id, None)
                 continue
@@ -151,7 +200,7 @@ def targets_from_plan(options: Sequence[StageOptions], plan: Plan) -> list[Stage
     # batch time would leave a sub-millisecond stage no room for the bursts a produce batch makes
     slack = max(0.0, budget - sum(times.values())) / max(1, len(options))
     return [StageTarget(o.id, plan.stages[o.id].max_batch, times[o.id], times[o.id] + slack, share[o.id],
-                        plan.partitions) for o in options]
+                        plan.partitions, plan.stages[o.id].consumers) for o in options]
 
 
 class Scaler(Protocol):
@@ -236,12 +285,20 @@ async def run_tuner(controller: Controller, scaler: Scaler, *, interval_s: float
 
 async def tune(topology: Topology, plan: Plan, kafka: KafkaSettings, scaler: Scaler, *, stop: asyncio.Event,
                hold_s: float = 30.0, hysteresis: float = 0.25, horizon_s: float = 60.0, interval_s: float = 1.0,
-               settle_s: float = 5.0, on_action: Callable[[Action], None] | None = None) -> list[Action]:
-    """Tail the topology's inputs topic and resize its stages through ``scaler`` until ``stop`` is set.
+               settle_s: float = 5.0, rule: str = "bound",
+               on_action: Callable[[Action], None] | None = None) -> list[Action]:
+    """Tail the topology's inputs topic and resize its stages through ``scaler`` until ``stop`` is set;
+    ``rule`` is ``bound`` (the delay bound) or ``relative`` (to the plan's envelope; see the module).
 
     Every action is also published to the topology's actions topic (``flowserve ui`` shows it)."""
+    if rule not in RULES:
+        raise FlowserveError(f"unknown tuner rule '{rule}' (rules: {', '.join(RULES)})")
+    if rule == "relative" and not plan.envelope:
+        raise FlowserveError("the relative rule scales against the plan's arrival envelope and this plan has "
+                             "none (written before plans kept it): make it again with 'flowserve plan'")
     targets = targets_from_plan(stage_options(topology), plan)
-    controller = Controller(targets, hold_s=hold_s, hysteresis=hysteresis, horizon_s=horizon_s, settle_s=settle_s)
+    controller = Controller(targets, hold_s=hold_s, hysteresis=hysteresis, horizon_s=horizon_s, settle_s=settle_s,
+                            planned=list(plan.envelope) if rule == "relative" else [])
     tail = asyncio.create_task(tail_arrivals(kafka, topology.inputs_topic, topology.spec.partitions,
                                              controller.observe, stop))
     log_action = ActionLog(topology, kafka)

@@ -71,6 +71,7 @@ def test_plan_for_a_topology_round_trips_and_applies(tmp_path: Path) -> None:
     back = load_plan(save_plan(plan, tmp_path / "p.json"))
     assert back.stages == plan.stages and back.partitions == plan.partitions
     assert (back.hop_ms, back.overhead_ms) == (5, 2)
+    assert back.envelope == plan.envelope and len(plan.envelope) >= 3  # what the tuner scales against
     planned = apply_plan(topology, back)
     assert planned.spec.partitions == plan.partitions
     expensive = planned.spec.nodes["expensive"]

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from flowserve.errors import FlowserveError
+from flowserve.kafka.settings import KafkaSettings
+from flowserve.topology.graph import load_topology
 from flowserve.tuning.curves import TokenBucket
-from flowserve.tuning.plan import Plan, StageConfig, StageOptions
-from flowserve.tuning.tuner import Controller, StageTarget, needed_consumers, targets_from_plan
+from flowserve.tuning.plan import Plan, StageConfig, StageOptions, planned_envelope
+from flowserve.tuning.tuner import (
+    Controller,
+    LocalScaler,
+    StageTarget,
+    needed_consumers,
+    relative_consumers,
+    targets_from_plan,
+    tune,
+)
 
 # a stage serving batches of 4 in 40 ms: 100 requests/s per consumer, 100 ms of the SLO
 TARGET = StageTarget("m", batch=4, batch_s=0.04, slo_share_s=0.1, max_consumers=6)
@@ -71,3 +85,62 @@ def test_targets_share_the_slo_and_the_traffic() -> None:
     assert targets["expensive"].slo_share_s == pytest.approx(0.03 + slack)
     assert targets["router"].slo_share_s == pytest.approx(slack)
     assert targets["expensive"].max_consumers == 8
+
+
+# the plan's trace: 64/s evenly (spacings and windows exact in binary), so a 0.25-s window held 16 arrivals
+PLANNED = [(0.25, 16), (0.5, 32), (1.0, 64)]
+PLANNED_TARGET = StageTarget("m", batch=4, batch_s=0.04, slo_share_s=0.1, max_consumers=12, consumers=2)
+
+
+def test_relative_rule_scales_the_plans_consumers_by_how_far_live_exceeds_its_trace() -> None:
+    assert relative_consumers(_arrivals(64, 0, 5), PLANNED, PLANNED_TARGET)[0] == 2  # the plan's own traffic
+    c, why = relative_consumers(_arrivals(128, 0, 5), PLANNED, PLANNED_TARGET)  # twice the rate -> 4
+    assert c == 4 and "x2.00 of the plan's 2" in why
+    # a burst on a light stream: 48 arrivals within 0.19 s, so 52 in a 0.25-s window where the plan saw 16
+    burst = np.sort(np.concatenate([_arrivals(16, 0, 5), 2.0 + np.arange(48) / 256]))
+    c, why = relative_consumers(burst, PLANNED, PLANNED_TARGET)
+    assert c == 7 and "window 0.25 s: 52 arrivals" in why  # 2 x 3.25, rounded up
+    assert relative_consumers(_arrivals(2048, 0, 5), PLANNED, PLANNED_TARGET)[0] == 12  # never beyond the cap
+    assert relative_consumers(np.zeros(0), PLANNED, PLANNED_TARGET)[0] == 1
+
+
+def test_relative_rule_leaves_out_windows_too_small_to_count() -> None:
+    planned = [(1 / 64, 1), (0.25, 16)]  # one arrival per 1/64-s window: 3 in one is noise, not 3x the traffic
+    clumped = np.sort(np.concatenate([_arrivals(64, 0, 5), [1.0001, 1.0002]]))
+    assert relative_consumers(clumped, planned, PLANNED_TARGET)[0] == 3  # from the 0.25-s window: 18 of 16
+
+
+def test_relative_controller_goes_to_the_need_in_one_step_and_back_after_the_hold() -> None:
+    ctl = Controller([PLANNED_TARGET], hold_s=5, hysteresis=0.25, horizon_s=4, settle_s=1.5, planned=PLANNED)
+    ctl.observe(_arrivals(64, 0, 10))
+    assert ctl.decide(10.0, {"m": 2}) == []
+    ctl.observe(_arrivals(256, 10, 12))  # 4x the plan's rate: 8 consumers, in one action (one rebalance)
+    (up,) = ctl.decide(12.0, {"m": 2})
+    assert (up.before, up.after) == (2, 8)
+    ctl.observe(_arrivals(64, 12, 30))
+    decisions = {t: ctl.decide(float(t), {"m": 8}) for t in range(13, 31)}
+    first_down = min(t for t, acts in decisions.items() if acts)
+    assert first_down == 21  # the 4-s horizon holds the spike until t=16, then the 5-s hold
+    (down,) = decisions[first_down]
+    assert (down.before, down.after) == (8, 3)  # the plan's 2 with the hysteresis's 25%, rounded up
+
+
+def test_plan_keeps_its_traces_envelope() -> None:
+    arrivals = _arrivals(64, 0, 10)
+    envelope = planned_envelope(arrivals, 1 / 16)
+    assert [w for w, _ in envelope][:3] == [1 / 16, 1 / 8, 1 / 4]
+    assert envelope[-1][0] == pytest.approx(arrivals[-1] / 2)  # up to half the trace
+    assert dict(envelope)[0.25] == 16
+    assert planned_envelope(arrivals[:1], 1 / 16) == []
+
+
+def test_the_relative_rule_needs_a_plan_with_an_envelope() -> None:
+    topology = load_topology(Path(__file__).resolve().parents[2] / "topologies" / "image-processing.yaml")
+    plan = Plan(topology.name, 250.0, 4, 5.0, {n: StageConfig("cpu", 1, 1) for n in topology.nodes})
+    kafka = KafkaSettings(bootstrap="127.0.0.1:1")  # refused before any connection
+    with pytest.raises(FlowserveError, match="make it again with 'flowserve plan'"):
+        asyncio.run(tune(topology, plan, kafka, LocalScaler(None), stop=asyncio.Event(),  # type: ignore[arg-type]
+                         rule="relative"))
+    with pytest.raises(FlowserveError, match="unknown tuner rule"):
+        asyncio.run(tune(topology, plan, kafka, LocalScaler(None), stop=asyncio.Event(),  # type: ignore[arg-type]
+                         rule="fastest"))
