@@ -261,7 +261,7 @@ def planned_envelope(arrivals: np.ndarray, shortest_s: float) -> list[tuple[floa
     longest = min(curves.MAX_WINDOW_S, span / 2)
     if longest <= shortest_s:
         return []
-    return [(w, curves.max_arrivals(a, w)) for w in curves.windows(max(shortest_s, 0.01), longest)]
+    return [(round(w, 6), curves.max_arrivals(a, w)) for w in curves.windows(max(shortest_s, 0.01), longest)]
 
 
 def service_curves(options: Sequence[StageOptions], plan: Plan) -> dict[str, curves.RateLatency]:
