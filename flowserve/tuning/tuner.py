@@ -103,12 +103,11 @@ RULES = ("bound", "relative")
 MIN_COUNT = 5
 
 
-def relative_consumers(arrivals: np.ndarray, planned: Sequence[tuple[float, int]], target: StageTarget,
-                       scale: float = 1.0) -> tuple[int, str]:
-    """InferLine's rule: the plan meets the SLO for its trace, so a stage needs its planned consumers times
-    the most that the live envelope exceeds the planned one at any window (``scale`` inflates it)."""
+def plan_excess(arrivals: np.ndarray, planned: Sequence[tuple[float, int]]) -> tuple[float, str]:
+    """The most by which the live envelope exceeds the plan's at any window (0 without arrivals), and where.
+    The same for every stage: the relative rule computes it once per decision."""
     if arrivals.size == 0:
-        return 1, "no arrivals"
+        return 0.0, "no arrivals"
     counted = [(w, n) for w, n in planned if n >= MIN_COUNT] or list(planned)
     factor, why = 0.0, ""
     for w, n in counted:
@@ -116,6 +115,15 @@ def relative_consumers(arrivals: np.ndarray, planned: Sequence[tuple[float, int]
         if live / max(n, 1) > factor:
             factor = live / max(n, 1)
             why = f"window {w:.3g} s: {live} arrivals where the plan's trace had {n}"
+    return factor, why
+
+
+def relative_consumers(excess: tuple[float, str], target: StageTarget, scale: float = 1.0) -> tuple[int, str]:
+    """InferLine's rule: the plan meets the SLO for its trace, so a stage needs its planned consumers times
+    the plan's :func:`plan_excess` (``scale`` inflates it)."""
+    factor, why = excess
+    if factor == 0:
+        return 1, why
     c = max(1, math.ceil(target.consumers * factor * scale - 1e-9))
     return min(c, target.max_consumers), f"{why} -> x{factor:.2f} of the plan's {target.consumers} consumer(s)"
 
@@ -153,12 +161,12 @@ class Controller:
 
     def decide(self, now: float, current: dict[str, int]) -> list[Action]:
         actions = []
-        live = self._live(now) if self.planned else None
+        excess = plan_excess(self._live(now), self.planned) if self.planned else None
         for t in self.targets:
             have = current.get(t.id, 1)
             if now - self._last_action.get(t.id, -math.inf) < self.settle_s:
                 continue
-            need = (functools.partial(relative_consumers, live, self.planned, t) if live is not None else
+            need = (functools.partial(relative_consumers, excess, t) if excess is not None else
                     functools.partial(needed_consumers, self.envelope(now, min(t.batch_s, self.horizon_s / 2)), t))
             up, why = need(scale=1.0)
             if up > have:
@@ -167,7 +175,7 @@ class Controller:
                 # the bound reads every burst as the worst case, so it steps at most doubling, seeing each
                 # step's effect; the relative rule scales from a plan shown to hold, so it goes at once
                 # (each step costs a rebalance)
-                actions.append(Action(t.id, have, up if live is not None else min(up, 2 * have), now, why))
+                actions.append(Action(t.id, have, up if excess is not None else min(up, 2 * have), now, why))
                 continue
             down, why_down = need(scale=1.0 + self.hysteresis)
             if down >= have:

@@ -18,6 +18,7 @@ from flowserve.tuning.tuner import (
     LocalScaler,
     StageTarget,
     needed_consumers,
+    plan_excess,
     relative_consumers,
     targets_from_plan,
     tune,
@@ -93,21 +94,23 @@ PLANNED_TARGET = StageTarget("m", batch=4, batch_s=0.04, slo_share_s=0.1, max_co
 
 
 def test_relative_rule_scales_the_plans_consumers_by_how_far_live_exceeds_its_trace() -> None:
-    assert relative_consumers(_arrivals(64, 0, 5), PLANNED, PLANNED_TARGET)[0] == 2  # the plan's own traffic
-    c, why = relative_consumers(_arrivals(128, 0, 5), PLANNED, PLANNED_TARGET)  # twice the rate -> 4
+    # the plan's own traffic keeps the plan; twice the rate -> 4
+    assert relative_consumers(plan_excess(_arrivals(64, 0, 5), PLANNED), PLANNED_TARGET)[0] == 2
+    c, why = relative_consumers(plan_excess(_arrivals(128, 0, 5), PLANNED), PLANNED_TARGET)
     assert c == 4 and "x2.00 of the plan's 2" in why
     # a burst on a light stream: 48 arrivals within 0.19 s, so 52 in a 0.25-s window where the plan saw 16
     burst = np.sort(np.concatenate([_arrivals(16, 0, 5), 2.0 + np.arange(48) / 256]))
-    c, why = relative_consumers(burst, PLANNED, PLANNED_TARGET)
+    c, why = relative_consumers(plan_excess(burst, PLANNED), PLANNED_TARGET)
     assert c == 7 and "window 0.25 s: 52 arrivals" in why  # 2 x 3.25, rounded up
-    assert relative_consumers(_arrivals(2048, 0, 5), PLANNED, PLANNED_TARGET)[0] == 12  # never beyond the cap
-    assert relative_consumers(np.zeros(0), PLANNED, PLANNED_TARGET)[0] == 1
+    assert relative_consumers(plan_excess(_arrivals(2048, 0, 5), PLANNED), PLANNED_TARGET)[0] == 12  # the cap
+    assert relative_consumers(plan_excess(np.zeros(0), PLANNED), PLANNED_TARGET)[0] == 1
 
 
 def test_relative_rule_leaves_out_windows_too_small_to_count() -> None:
     planned = [(1 / 64, 1), (0.25, 16)]  # one arrival per 1/64-s window: 3 in one is noise, not 3x the traffic
     clumped = np.sort(np.concatenate([_arrivals(64, 0, 5), [1.0001, 1.0002]]))
-    assert relative_consumers(clumped, planned, PLANNED_TARGET)[0] == 3  # from the 0.25-s window: 18 of 16
+    # from the 0.25-s window: 18 of 16
+    assert relative_consumers(plan_excess(clumped, planned), PLANNED_TARGET)[0] == 3
 
 
 def test_relative_controller_goes_to_the_need_in_one_step_and_back_after_the_hold() -> None:
