@@ -156,10 +156,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from flowserve.learning import version_hooks
     from flowserve.parity import parity_hooks
     from flowserve.runtime.hooks import chain
-    from flowserve.runtime.process import worker_process
+    from flowserve.runtime.process import watch_parent, worker_process
     from flowserve.selection import selection_hooks
 
     settings = worker_process(topology, args.node, settings)  # OS priority: side branches yield the CPU
+    watch_parent()  # a worker whose host was killed outright stops itself
     kafka = _kafka(args.broker)
     hooks = chain(capture_hooks, parity_hooks(kafka, settings), selection_hooks(kafka),
                   version_hooks(kafka, settings))

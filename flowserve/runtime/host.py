@@ -22,6 +22,7 @@ from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.kafka.shutdown import bounded
 from flowserve.runtime.batching import BatchPolicy
 from flowserve.runtime.hooks import HookFactory, no_hooks
+from flowserve.runtime.process import PARENT_PID_ENV
 from flowserve.runtime.worker import StageWorker
 from flowserve.topology.capture import topic_configs
 from flowserve.topology.graph import Topology
@@ -121,6 +122,7 @@ class ProcessHost:
         env.setdefault("PYTHONUNBUFFERED", "1")
         env["FLOWSERVE_FETCH_MAX_WAIT_MS"] = str(self.kafka.fetch_max_wait_ms)
         env["FLOWSERVE_IDEMPOTENCE"] = "1" if self.kafka.idempotence else "0"
+        env[PARENT_PID_ENV] = str(os.getpid())  # a worker whose host is killed stops itself (watch_parent)
         return env
 
     def spawn(self, node_id: str) -> subprocess.Popen[bytes]:

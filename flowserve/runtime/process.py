@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
+import time
+from collections.abc import Callable
 
 from flowserve.kafka.settings import WorkerSettings
 from flowserve.topology.graph import Topology
 
 log = logging.getLogger("flowserve.worker")
+
+#: the environment variable a host sets to its own pid in the workers it starts (see :func:`watch_parent`)
+PARENT_PID_ENV = "FLOWSERVE_PARENT_PID"
+PARENT_POLL_S = 1.0
+PARENT_GRACE_S = 30.0
 
 #: how a side-branch worker process (e.g. a drift detector) yields to the critical path's processes.
 SIDE_NICE = 10
@@ -71,3 +80,41 @@ def _lower_priority(nice: int, idle: bool) -> None:
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
         if nice:
             os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+
+
+def watch_parent(expected: int | None = None, *, poll_s: float = PARENT_POLL_S, grace_s: float = PARENT_GRACE_S,
+                 stop: Callable[[], None] | None = None) -> threading.Thread | None:
+    """Stop this process once its parent is no longer ``expected`` (default: ``$FLOWSERVE_PARENT_PID``).
+
+    A host (``flowserve run``, the tuner) that is killed outright cannot stop its workers; without this
+    they would run on, re-parented to init, holding their consumer-group slots and CPU until someone
+    finds them. A daemon thread polls ``getppid`` once a second and then sends this process SIGTERM, the
+    path every host already handles (the stage finishes its batch and commits); if that has not ended
+    the process after ``grace_s`` (its broker may have died with the host) it exits at once, which
+    at-least-once delivery makes safe: what it had not committed goes to the group's next consumer.
+    Polling works where ``PR_SET_PDEATHSIG`` does not (macOS) and has none of its trap: that signal fires
+    when the *thread* that forked exits, and the supervisor restarts workers from a thread of its own.
+    Without a parent pid to watch, nothing is started (a worker run by hand, or by Kubernetes).
+    ``stop`` replaces the SIGTERM (tests).
+    """
+    if expected is None:
+        value = os.environ.get(PARENT_PID_ENV, "")
+        if not value.isdigit():
+            return None
+        expected = int(value)
+
+    def watch() -> None:
+        while os.getppid() == expected:
+            time.sleep(poll_s)
+        log.warning("the process that started this worker (pid %d) is gone; stopping", expected)
+        if stop is not None:
+            stop()
+            return
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        log.error("still running %g s after its parent went; exiting without a graceful stop", grace_s)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="flowserve-watch-parent", daemon=True)
+    thread.start()
+    return thread

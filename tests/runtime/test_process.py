@@ -51,3 +51,37 @@ def test_a_node_nice_overrides_the_default() -> None:
     assert _probe("watch", watch=", nice: 15") | {"fetch_max_wait_ms": 0} == {
         "nice": 15, "idle": False, "fetch_max_wait_ms": 0, "fetch_min_bytes": 64 * 1024, "omp": "1"}
     assert _probe("pre", pre=", nice: 3")["nice"] == 3
+
+
+def test_watch_parent_stops_once_the_parent_is_not_the_one_that_started_it() -> None:
+    import os
+    import threading
+
+    from flowserve.runtime.process import watch_parent
+
+    stopped = threading.Event()
+    thread = watch_parent(os.getppid() + 1, poll_s=0.01, stop=stopped.set)
+    assert thread is not None
+    thread.join(5)
+    assert stopped.is_set()
+
+
+def test_watch_parent_keeps_watching_while_the_parent_lives(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import threading
+
+    from flowserve.runtime.process import PARENT_PID_ENV, watch_parent
+
+    monkeypatch.setenv(PARENT_PID_ENV, str(os.getppid()))
+    stopped = threading.Event()
+    thread = watch_parent(poll_s=0.01, stop=stopped.set)
+    assert thread is not None
+    thread.join(0.1)
+    assert thread.is_alive() and not stopped.is_set()  # a daemon: it ends with the test process
+
+
+def test_watch_parent_without_a_parent_to_watch_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowserve.runtime.process import PARENT_PID_ENV, watch_parent
+
+    monkeypatch.delenv(PARENT_PID_ENV, raising=False)
+    assert watch_parent() is None
