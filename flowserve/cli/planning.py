@@ -266,7 +266,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await tune(topology, plan, kafka, scaler, stop=stop, hold_s=args.hold_s, hysteresis=args.hysteresis,
-                   horizon_s=args.horizon_s, rule=args.rule,
+                   horizon_s=args.horizon_s, rule=args.rule, max_partitions=args.max_partitions,
                    on_action=lambda a: out.print(f"{time.strftime('%H:%M:%S')} scale {a.stage} "
                                                  f"{a.before} -> {a.after}: {a.reason}"))
 
@@ -289,6 +289,9 @@ def register_tune(sub: Any) -> None:
     p.add_argument("--rule", choices=("bound", "relative"), default="bound",
                    help="size stages on the delay bound of the live envelope, or relative to the plan's envelope "
                         "(InferLine's trigger)")
+    p.add_argument("--max-partitions", type=int, metavar="N",
+                   help="let stages scale past the plan's partitions: grow every topic of the topology together, "
+                        "up to N (CreatePartitions: Apache Kafka; partitions are never removed)")
     p.add_argument("--kubernetes", metavar="NAMESPACE",
                    help="patch Deployments <topology>-<node> there instead of starting local workers")
     p.set_defaults(func=cmd_tune)

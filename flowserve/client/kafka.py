@@ -8,6 +8,7 @@ matching, deduplication and batching are the request-reply engine's
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -26,6 +27,9 @@ from flowserve.wire.envelope import (
 )
 from flowserve.wire.tensors import encode_tensors
 
+#: how often a client looks whether the topology's inputs topic gained partitions
+GROWTH_CHECK_S = 1.0
+
 
 class TopologyClient:
     """Send requests to a topology and receive its replies, matched and deduplicated by request id."""
@@ -38,6 +42,7 @@ class TopologyClient:
                                    max_message_bytes=topology.spec.max_message_bytes, unclaimed=100_000,
                                    remember=1_000_000, label=f"the client of topology '{topology.name}'")
         self._partition = 0
+        self._next_growth_check = 0.0
 
     @property
     def counters(self) -> ReplyCounters:
@@ -80,6 +85,18 @@ class TopologyClient:
     async def flush(self) -> None:
         """Send what is queued and wait for the broker's acknowledgement (:class:`BrokerError` if it fails)."""
         await self._router.flush()
+        if time.monotonic() >= self._next_growth_check:
+            await self._follow_growth()
+
+    async def _follow_growth(self) -> None:
+        """Spread requests over partitions the topology gained while this client ran (``flowserve tune``
+        grows every topic together, the inputs topic last), after starting to read their replies. Checked
+        at most every ``GROWTH_CHECK_S`` against the producer's metadata (at most 10 s old)."""
+        self._next_growth_check = time.monotonic() + GROWTH_CHECK_S
+        grown = self._router.partitions_of(self.topology.inputs_topic)
+        if grown > self.partitions:
+            await self._router.follow((self.topology.outputs_topic, p) for p in range(self.partitions, grown))
+            self.partitions = grown
 
     async def send(self, tensors: Mapping[str, np.ndarray], **kwargs: object) -> str:
         rid = await self.queue(tensors, **kwargs)  # type: ignore[arg-type]

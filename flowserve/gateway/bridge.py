@@ -5,6 +5,10 @@ puts it in every request's ``fs-reply-to`` header; the worker that writes the to
 the reply there, on the partition the request came in on. Matching replies to callers, deduplication,
 deadlines and per-tick produce batches are the request-reply engine's
 (:class:`flowserve.kafka.replies.ReplyRouter`); each batch goes to the next partition of a topology.
+
+A topology can gain partitions while it runs (``flowserve tune --max-partitions``): once a second the
+bridge looks at its producer's metadata, and when a topology's inputs topic has grown it grows its own
+reply topic to match, reads the new reply partitions, and only then sends requests to the new ones.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import logging
 from collections.abc import Sequence
 
 from flowserve.errors import BrokerError
-from flowserve.kafka.admin import delete_topics, ensure_topics
+from flowserve.kafka.admin import delete_topics, ensure_topics, grow_partitions
 from flowserve.kafka.replies import Reply, ReplyCounters, ReplyRouter
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology.capture import topic_configs
@@ -22,6 +26,9 @@ from flowserve.topology.graph import Topology
 from flowserve.wire.envelope import Headers
 
 log = logging.getLogger("flowserve.gateway")
+
+#: how often the bridge looks whether a topology's inputs topic gained partitions
+GROWTH_CHECK_S = 1.0
 
 
 class KafkaBridge:
@@ -36,6 +43,9 @@ class KafkaBridge:
             kafka, [(self.reply_topic(t), p) for t in self.topologies for p in range(t.spec.partitions)],
             max_message_bytes=max(t.spec.max_message_bytes for t in self.topologies),
             client_id=f"fs-gateway-{instance}", label=f"gateway {instance}")
+        #: topology name -> the partitions requests go to (grows with the topology's inputs topic)
+        self.partitions = {t.name: t.spec.partitions for t in self.topologies}
+        self._growth: asyncio.Task[None] | None = None
 
     @property
     def counters(self) -> ReplyCounters:
@@ -49,8 +59,13 @@ class KafkaBridge:
             await ensure_topics(self.kafka, [*t.topics(), self.reply_topic(t)], t.spec.partitions,
                                 max_message_bytes=t.spec.max_message_bytes, configs=topic_configs(t))
         await self.router.start()
+        self._growth = asyncio.create_task(self._follow_growth(), name=f"gateway {self.instance}: partitions")
 
     async def stop(self, *, delete_topics: bool = True) -> None:
+        if self._growth is not None:
+            self._growth.cancel()
+            await asyncio.gather(self._growth, return_exceptions=True)
+            self._growth = None
         await self.router.stop()
         if delete_topics:
             await self._delete_reply_topics()
@@ -77,5 +92,22 @@ class KafkaBridge:
 
         Requests of one tick go to one partition of each topology, the next tick's to the next one.
         """
-        partition = self.router.batch % topology.spec.partitions
+        partition = self.router.batch % self.partitions[topology.name]
         return self.router.submit(topology.inputs_topic, partition, request_id, value, headers, timeout_s)
+
+    async def _follow_growth(self) -> None:
+        while True:
+            await asyncio.sleep(GROWTH_CHECK_S)
+            for t in self.topologies:
+                grown = self.router.partitions_of(t.inputs_topic)
+                if grown <= self.partitions[t.name]:
+                    continue
+                try:  # replies land on the request's partition: the reply topic must have it first
+                    await grow_partitions(self.kafka, [self.reply_topic(t)], grown)
+                    await self.router.follow((self.reply_topic(t), p) for p in range(self.partitions[t.name], grown))
+                except BrokerError as exc:  # keep sending to the partitions it has; try again next time
+                    log.warning("gateway %s: topology '%s' has %d partitions now, but its replies cannot follow: "
+                                "%s", self.instance, t.name, grown, exc)
+                    continue
+                log.info("gateway %s: topology '%s' now on %d partitions", self.instance, t.name, grown)
+                self.partitions[t.name] = grown

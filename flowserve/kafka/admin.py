@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from flowserve.errors import BrokerError
@@ -107,6 +107,33 @@ async def describe_partitions(kafka: KafkaSettings, topics: Iterable[str]) -> di
         return out
     finally:
         await admin.close()
+
+
+async def grow_partitions(kafka: KafkaSettings, topics: Iterable[str], count: int, timeout_s: float = 30.0) -> None:
+    """Raise each of ``topics`` to ``count`` partitions, one at a time in the order given (CreatePartitions),
+    and return once every new partition has a leader. Raises :class:`BrokerError` naming the topic the
+    broker refused (e.g. one that does not take CreatePartitions); topics before it have grown."""
+    topics = list(dict.fromkeys(topics))
+    admin = AIOKafkaAdminClient(**kafka.client_kwargs())
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+        have = {m["topic"]: len(m.get("partitions", [])) for m in await admin.describe_topics(topics)
+                if not m.get("error_code")}
+        for topic in topics:  # in order: the caller grows downstream topics before those that feed them
+            if have.get(topic, 0) >= count:
+                continue  # already there (a retry, or another tuner): asking again is an error for the broker
+            try:
+                await asyncio.wait_for(admin.create_partitions({topic: NewPartitions(count)}), timeout_s)
+            except Exception as exc:
+                raise BrokerError(f"could not raise topic '{topic}' to {count} partitions at {kafka.bootstrap}: "
+                                  f"{exc!r}") from None
+        await _await_leaders(admin, topics, count, timeout_s)
+    except TimeoutError:
+        raise BrokerError(f"growing topics to {count} partitions at {kafka.bootstrap} took over {timeout_s:g} s") \
+            from None
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
 
 
 async def delete_topics(kafka: KafkaSettings, topics: Iterable[str], timeout_s: float = 10.0) -> None:

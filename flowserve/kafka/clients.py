@@ -14,11 +14,12 @@ from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 
 # Headroom over the largest record: batch framing, headers, key.
 OVERHEAD = 64 * 1024
-#: Consumers refresh cluster metadata at least this often. aiokafka 0.14 does not refresh it when the
+#: Consumers and producers refresh cluster metadata at least this often (producers: to see partitions added
+#: while they run, flowserve.tuning.partitions). aiokafka 0.14 does not refresh it when the
 #: ListOffsets that resolves a partition's position (after a rebalance, with no committed offset) fails with
 #: NOT_LEADER: it asks the same stale leader again until the metadata ages out (5 minutes by default). After
 #: a broker fault this stalled a partition for minutes (the freeze-leader test); the Java client fixed the
-#: same loop in KAFKA-9535. One metadata request per consumer every 10 s is the bound's price.
+#: same loop in KAFKA-9535. One metadata request per client every 10 s is the bound's price.
 METADATA_MAX_AGE_MS = 10_000
 
 
@@ -55,6 +56,8 @@ def make_producer(kafka: KafkaSettings, worker: WorkerSettings, *, max_message_b
         linger_ms=0,
         max_batch_size=max(worker.producer_batch_bytes, max_message_bytes + OVERHEAD),
         max_request_size=max_message_bytes + OVERHEAD,
+        # a producer that learns of new partitions within 10 s lets a client spread over them (flowserve tune)
+        metadata_max_age_ms=METADATA_MAX_AGE_MS,
         **kafka.client_kwargs(),
         **extra,
     )

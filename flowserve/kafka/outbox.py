@@ -48,11 +48,20 @@ class Outbox:
         sent, self.count = self.count, 0
         futures: list[asyncio.Future] = []
         for topic, partition, builder in full:
-            futures.append(await self._producer.send_batch(builder, topic, partition=partition))
+            futures.append(await self._send_batch(builder, topic, partition))
         for (topic, partition), builder in builders.items():
             if builder.record_count():
-                futures.append(await self._producer.send_batch(builder, topic, partition=partition))
+                futures.append(await self._send_batch(builder, topic, partition))
         return sent, futures
+
+    async def _send_batch(self, builder: Any, topic: str, partition: int) -> asyncio.Future:
+        known = self._producer.client.cluster.partitions_for_topic(topic)
+        if known is not None and partition not in known:
+            # The topic gained partitions (flowserve tune) since this producer's metadata was fetched, and an
+            # input from one of them is being answered: refresh now rather than fail on "Unrecognized
+            # partition". A set lookup per batch, not per record.
+            await self._producer.client.force_metadata_update()
+        return await self._producer.send_batch(builder, topic, partition=partition)
 
     def discard(self) -> None:
         """Drop every queued record (the worker re-reads their inputs after a failed produce)."""

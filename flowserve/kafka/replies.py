@@ -133,6 +133,8 @@ class ReplyRouter:
         self._remember_max = remember
         self._unclaimed: asyncio.Queue[Reply] | None = asyncio.Queue(unclaimed) if unclaimed > 0 else None
         self._consumer: AIOKafkaConsumer | None = None
+        #: consumers of reply partitions added while running (:meth:`follow`), with their read tasks
+        self._followers: list[tuple[AIOKafkaConsumer, asyncio.Task[None]]] = []
         self._reader: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -148,6 +150,16 @@ class ReplyRouter:
             with contextlib.suppress(Exception):
                 await self._producer.stop()
             raise BrokerError(f"cannot reach Kafka at {self.kafka.bootstrap}: {exc!r}") from None
+        try:
+            self._consumer = await self._reply_consumer(self._tps, at_end=True)
+        except BrokerError:
+            with contextlib.suppress(Exception):
+                await self._producer.stop()
+            raise
+        self._reader = asyncio.create_task(self._read(self._consumer), name=f"replies: {self.label}")
+        self._flusher = asyncio.create_task(self._flush_loop(), name=f"requests: {self.label}")
+
+    async def _reply_consumer(self, tps: list[TopicPartition], *, at_end: bool) -> AIOKafkaConsumer:
         consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False,
                                     fetch_max_wait_ms=self.kafka.fetch_max_wait_ms,
                                     max_partition_fetch_bytes=max(1 << 20, self._max_message_bytes + OVERHEAD),
@@ -155,22 +167,36 @@ class ReplyRouter:
                                     **self._client, **self.kafka.client_kwargs())
         try:
             await consumer.start()
-            consumer.assign(self._tps)
-            await consumer.seek_to_end(*self._tps)
-            for tp in self._tps:  # resolve positions now so that no reply to a request sent next is skipped
+            consumer.assign(tps)
+            await (consumer.seek_to_end(*tps) if at_end else consumer.seek_to_beginning(*tps))
+            for tp in tps:  # resolve positions now so that no reply to a request sent next is skipped
                 await consumer.position(tp)
         except Exception as exc:
-            for client in (consumer, self._producer):
-                with contextlib.suppress(Exception):
-                    await client.stop()
+            with contextlib.suppress(Exception):
+                await consumer.stop()
             raise BrokerError(f"{self.label} cannot read its replies from {self.kafka.bootstrap}: {exc!r}") from None
-        self._consumer = consumer
-        self._reader = asyncio.create_task(self._read(), name=f"replies: {self.label}")
-        self._flusher = asyncio.create_task(self._flush_loop(), name=f"requests: {self.label}")
+        return consumer
+
+    def partitions_of(self, topic: str) -> int:
+        """How many partitions ``topic`` has as this router's producer last heard (0: not known yet)."""
+        return len(self._producer.client.cluster.partitions_for_topic(topic) or ())
+
+    async def follow(self, replies: Iterable[tuple[str, int]]) -> None:
+        """Also read these reply partitions, from their start: they are new (a topic that gained partitions
+        while this router ran), so every reply in them is newer than the call. Call before sending the
+        requests whose replies come there. One more consumer per call; topics grow rarely."""
+        tps = [tp for tp in (TopicPartition(t, p) for t, p in replies) if tp not in self._tps]
+        if not tps:
+            return
+        consumer = await self._reply_consumer(tps, at_end=False)
+        self._tps.extend(tps)
+        self._followers.append((consumer, asyncio.create_task(self._read(consumer),
+                                                              name=f"replies: {self.label} (grown)")))
 
     async def stop(self) -> None:
         """Stop reading and sending; callers still waiting get a :class:`BrokerError`."""
-        tasks = [t for t in (self._flusher, self._reader, *self._acks) if t is not None]
+        followers, self._followers = self._followers, []
+        tasks = [t for t in (self._flusher, self._reader, *self._acks, *(f[1] for f in followers)) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -186,6 +212,8 @@ class ReplyRouter:
         if self._consumer is not None:
             await stop_client(self._consumer, f"{self.label}: reply consumer stop")
             self._consumer = None
+        for consumer, _ in followers:
+            await stop_client(consumer, f"{self.label}: reply consumer stop")
         await stop_client(self._producer, f"{self.label}: request producer stop")
 
     # -- requests --------------------------------------------------------------------------------------
@@ -323,9 +351,7 @@ class ReplyRouter:
             raise FlowserveError(f"{self.label} keeps no unclaimed replies (it was made with unclaimed=0)")
         return await self._unclaimed.get()
 
-    async def _read(self) -> None:
-        assert self._consumer is not None
-        consumer = self._consumer
+    async def _read(self, consumer: AIOKafkaConsumer) -> None:
         while True:
             try:
                 fetched = await consumer.getmany(timeout_ms=200, max_records=10_000)

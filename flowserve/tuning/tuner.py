@@ -22,7 +22,10 @@ Then:
 - more consumers than running: **scale up at once** (on the bound, at most doubling), then leave the
   stage alone for ``settle_s`` while its group rebalances;
 - fewer, with the envelope inflated by ``hysteresis``, for ``hold_s`` on end: **scale down** to that;
-- never beyond the topology's partitions (consumers past them would sit idle), never below one.
+- never beyond the topology's partitions (consumers past them would sit idle), never below one; given a
+  :class:`~flowserve.tuning.partitions.PartitionGrowth` (``flowserve tune --max-partitions``, Apache
+  Kafka), a stage that needs more consumers than there are partitions first grows every topic of the
+  topology (at least doubling, up to the limit).
 
 Every action is logged with the envelope figure that caused it. Actuators (:class:`Scaler`): local
 ``flowserve worker`` processes (:class:`LocalScaler`), or a Kubernetes deployment's replica count.
@@ -32,23 +35,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
 import subprocess
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from flowserve.errors import FlowserveError
+from flowserve.errors import BrokerError, FlowserveError
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost
 from flowserve.topology.graph import Topology
 from flowserve.tuning.curves import TokenBucket, envelope, max_arrivals
+from flowserve.tuning.partitions import PartitionGrowth
 from flowserve.tuning.plan import Plan, StageOptions, stage_options
 from flowserve.tuning.simulate import batch_time
 
@@ -218,6 +223,9 @@ class Scaler(Protocol):
 
     async def scale(self, stage: str, consumers: int) -> None: ...
 
+    def grown(self, partitions: int) -> None:
+        """The topology now has ``partitions`` partitions (see :class:`PartitionGrowth`)."""
+
 
 class LocalScaler:
     """Starts and stops local ``flowserve worker`` processes through a ProcessHost."""
@@ -233,6 +241,10 @@ class LocalScaler:
             self.host.spawn(stage)
         while self.host.alive().get(stage, 0) > consumers:
             await asyncio.to_thread(self.host.retire, stage)
+
+    def grown(self, partitions: int) -> None:
+        # the host warns when a stage has more consumers than partitions: it must know the new count
+        self.host.topology = self.host.topology.with_partitions(partitions)
 
 
 class KubernetesScaler:
@@ -252,19 +264,23 @@ class KubernetesScaler:
                                                  f"deployment/{name}", f"--replicas={consumers}"], check=True)
         self._replicas[stage] = consumers
 
+    def grown(self, partitions: int) -> None:
+        pass  # the Deployments' workers subscribe to their topics: they follow the growth on their own
 
-async def tail_arrivals(kafka: KafkaSettings, topic: str, partitions: int, sink: Callable[[list[float]], None],
-                        stop: asyncio.Event) -> None:
-    """Feed ``sink`` the timestamps (seconds) of new records on ``topic`` until ``stop`` is set."""
+
+async def tail_arrivals(kafka: KafkaSettings, topic: str, partitions: int | range,
+                        sink: Callable[[list[float]], None], stop: asyncio.Event, *, from_start: bool = False) -> None:
+    """Feed ``sink`` the timestamps (seconds) of new records on ``topic``'s ``partitions`` (a count: the
+    first ones) until ``stop`` is set; ``from_start`` reads them from their start (partitions just added)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False, fetch_max_wait_ms=kafka.fetch_max_wait_ms,
                                 **kafka.client_kwargs())
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        tps = [TopicPartition(topic, p) for p in (range(partitions) if isinstance(partitions, int) else partitions)]
         consumer.assign(tps)
-        await consumer.seek_to_end(*tps)
+        await (consumer.seek_to_beginning(*tps) if from_start else consumer.seek_to_end(*tps))
         while not stop.is_set():
             fetched = await consumer.getmany(timeout_ms=200, max_records=100_000)
             times = [r.timestamp / 1000.0 for records in fetched.values() for r in records]
@@ -275,12 +291,20 @@ async def tail_arrivals(kafka: KafkaSettings, topic: str, partitions: int, sink:
 
 
 async def run_tuner(controller: Controller, scaler: Scaler, *, interval_s: float = 1.0,
-                    stop: asyncio.Event, on_action: Callable[[Action], None] | None = None) -> list[Action]:
-    """Every ``interval_s``: decide and apply; returns every action taken."""
+                    stop: asyncio.Event, on_action: Callable[[Action], None] | None = None,
+                    growth: PartitionGrowth | None = None,
+                    on_grow: Callable[[int, int], Awaitable[None]] | None = None) -> list[Action]:
+    """Every ``interval_s``: decide and apply; returns every action taken. With ``growth``, a scale-up
+    past the partitions grows them first (``on_grow(before, after)`` is awaited after a growth)."""
     taken: list[Action] = []
     while not stop.is_set():
         current = scaler.current()
         for action in controller.decide(time.time(), current):
+            if growth is not None and action.after > growth.partitions:
+                grown = await apply_growth(growth, action, scaler, on_grow)
+                if grown is None:
+                    continue
+                action = grown
             log.warning("scale %s %d -> %d: %s", action.stage, action.before, action.after, action.reason)
             await scaler.scale(action.stage, action.after)
             taken.append(action)
@@ -291,12 +315,37 @@ async def run_tuner(controller: Controller, scaler: Scaler, *, interval_s: float
     return taken
 
 
+async def apply_growth(growth: PartitionGrowth, action: Action, scaler: Scaler,
+                on_grow: Callable[[int, int], Awaitable[None]] | None) -> Action | None:
+    """Grow the partitions for ``action``; the action as it can be taken (capped), or None if not at all."""
+    before = growth.partitions
+    try:
+        await growth.grow(action.after)
+    except BrokerError as exc:
+        # the broker refused (or could not) grow: stay within what exists, and stop asking
+        log.error("tuner: cannot add partitions, so stages stay within %d: %s", before, exc)
+        growth.limit = growth.partitions
+    if growth.partitions > before:
+        log.warning("partitions %d -> %d for stage %s: %s", before, growth.partitions, action.stage, action.reason)
+        scaler.grown(growth.partitions)
+        if on_grow is not None:
+            await on_grow(before, growth.partitions)
+    if action.after <= growth.partitions:
+        return action
+    if growth.partitions <= action.before:
+        return None
+    return dataclasses.replace(action, after=growth.partitions,
+                               reason=f"{action.reason} (capped at {growth.partitions} partitions)")
+
+
 async def tune(topology: Topology, plan: Plan, kafka: KafkaSettings, scaler: Scaler, *, stop: asyncio.Event,
                hold_s: float = 30.0, hysteresis: float = 0.25, horizon_s: float = 60.0, interval_s: float = 1.0,
-               settle_s: float = 5.0, rule: str = "bound",
+               settle_s: float = 5.0, rule: str = "bound", max_partitions: int | None = None,
                on_action: Callable[[Action], None] | None = None) -> list[Action]:
     """Tail the topology's inputs topic and resize its stages through ``scaler`` until ``stop`` is set;
     ``rule`` is ``bound`` (the delay bound) or ``relative`` (to the plan's envelope; see the module).
+    ``max_partitions`` above the plan's lets stages scale past them by growing every topic
+    (:class:`~flowserve.tuning.partitions.PartitionGrowth`; refused by brokers without CreatePartitions).
 
     Every action is also published to the topology's actions topic (``flowserve ui`` shows it)."""
     if rule not in RULES:
@@ -304,11 +353,20 @@ async def tune(topology: Topology, plan: Plan, kafka: KafkaSettings, scaler: Sca
     if rule == "relative" and not plan.envelope:
         raise FlowserveError("the relative rule scales against the plan's arrival envelope and this plan has "
                              "none (written before plans kept it): make it again with 'flowserve plan'")
+    growth = None
     targets = targets_from_plan(stage_options(topology), plan)
+    if max_partitions is not None and max_partitions > topology.spec.partitions:
+        growth = PartitionGrowth(topology, kafka, partitions=topology.spec.partitions, limit=max_partitions)
+        targets = [dataclasses.replace(t, max_consumers=max_partitions) for t in targets]
     controller = Controller(targets, hold_s=hold_s, hysteresis=hysteresis, horizon_s=horizon_s, settle_s=settle_s,
                             planned=list(plan.envelope) if rule == "relative" else [])
-    tail = asyncio.create_task(tail_arrivals(kafka, topology.inputs_topic, topology.spec.partitions,
-                                             controller.observe, stop))
+    tails = [asyncio.create_task(tail_arrivals(kafka, topology.inputs_topic, topology.spec.partitions,
+                                               controller.observe, stop))]
+
+    async def follow(before: int, after: int) -> None:
+        # the new partitions' arrivals count too: read them from their start
+        tails.append(asyncio.create_task(tail_arrivals(kafka, topology.inputs_topic, range(before, after),
+                                                       controller.observe, stop, from_start=True)))
     log_action = ActionLog(topology, kafka)
     await log_action.start()
 
@@ -318,10 +376,11 @@ async def tune(topology: Topology, plan: Plan, kafka: KafkaSettings, scaler: Sca
             on_action(action)
 
     try:
-        return await run_tuner(controller, scaler, interval_s=interval_s, stop=stop, on_action=acted)
+        return await run_tuner(controller, scaler, interval_s=interval_s, stop=stop, on_action=acted,
+                               growth=growth, on_grow=follow)
     finally:
         stop.set()
-        await tail
+        await asyncio.gather(*tails)
         await log_action.close()
 
 

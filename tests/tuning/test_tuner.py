@@ -8,15 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flowserve.errors import FlowserveError
+from flowserve.errors import BrokerError, FlowserveError
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology.graph import load_topology
 from flowserve.tuning.curves import TokenBucket
+from flowserve.tuning.partitions import PartitionGrowth, check_growable
 from flowserve.tuning.plan import Plan, StageConfig, StageOptions, planned_envelope
 from flowserve.tuning.tuner import (
+    Action,
     Controller,
     LocalScaler,
     StageTarget,
+    apply_growth,
     needed_consumers,
     plan_excess,
     relative_consumers,
@@ -147,3 +150,63 @@ def test_the_relative_rule_needs_a_plan_with_an_envelope() -> None:
     with pytest.raises(FlowserveError, match="unknown tuner rule"):
         asyncio.run(tune(topology, plan, kafka, LocalScaler(None), stop=asyncio.Event(),  # type: ignore[arg-type]
                          rule="fastest"))
+
+
+class _Growth(PartitionGrowth):
+    """The growth's arithmetic without a broker (the live test grows real topics); ``refuse`` fails it."""
+
+    def __init__(self, partitions: int, limit: int, refuse: bool = False) -> None:
+        topology = load_topology(Path(__file__).resolve().parents[2] / "topologies" / "image-processing.yaml")
+        super().__init__(topology, KafkaSettings(bootstrap="127.0.0.1:1"), partitions=partitions, limit=limit)
+        self.refuse = refuse
+
+    async def grow(self, consumers: int) -> int:
+        if self.refuse:
+            raise BrokerError("no CreatePartitions here")
+        if consumers > self.partitions:
+            self.partitions = self.target(consumers)
+        return self.partitions
+
+
+def _run_grow(growth: PartitionGrowth, before: int, after: int) -> tuple[Action | None, list[int], list[tuple]]:
+    told: list[int] = []
+    follows: list[tuple] = []
+    scaler = LocalScaler(None)  # type: ignore[arg-type]
+    scaler.grown = told.append  # type: ignore[method-assign]
+
+    async def on_grow(a: int, b: int) -> None:
+        follows.append((a, b))
+
+    action = asyncio.run(apply_growth(growth, Action("m", before, after, 0.0, "needs more"), scaler, on_grow))
+    return action, told, follows
+
+
+def test_a_scale_up_past_the_partitions_grows_them_at_least_doubling() -> None:
+    action, told, follows = _run_grow(_Growth(partitions=2, limit=8), 2, 3)
+    assert action is not None and (action.before, action.after) == (2, 3)
+    assert told == [4] and follows == [(2, 4)]  # doubled: each growth rebalances every stage
+    action, told, _ = _run_grow(_Growth(partitions=2, limit=8), 2, 7)
+    assert action is not None and action.after == 7 and told == [7]
+
+
+def test_growth_stops_at_the_limit_and_the_action_is_capped() -> None:
+    action, told, _ = _run_grow(_Growth(partitions=2, limit=3), 1, 5)
+    assert action is not None and action.after == 3 and "capped at 3 partitions" in action.reason
+    assert told == [3]
+    action, told, _ = _run_grow(_Growth(partitions=3, limit=3), 3, 5)
+    assert action is None and told == []  # nothing left to take
+
+
+def test_a_broker_that_refuses_growth_keeps_the_stages_within_the_partitions() -> None:
+    growth = _Growth(partitions=2, limit=8, refuse=True)
+    action, told, follows = _run_grow(growth, 1, 4)
+    assert action is not None and action.after == 2 and told == [] and follows == []
+    assert growth.limit == 2  # and it stops asking
+    action, _, _ = _run_grow(growth, 2, 4)
+    assert action is None
+
+
+def test_a_topology_with_parity_groups_cannot_grow() -> None:
+    topology = load_topology(Path(__file__).resolve().parents[2] / "topologies" / "digits-parity.yaml")
+    with pytest.raises(FlowserveError, match="parity groups"):
+        check_growable(topology)
