@@ -42,7 +42,8 @@ def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> 
 
         only = "simulate" if workload == "simulate" else getattr(args, "part", None)
         return asyncio.run(tuner_bench(kafka, rate=args.tuner_rate, seconds=args.trace_seconds, slo_ms=args.slo_ms,
-                                       sim_rate=args.tuner_rate, only=only, rule=args.tuner_rule))
+                                       sim_rate=args.tuner_rate, only=only, rule=args.tuner_rule,
+                                       sim_repeats=getattr(args, "sim_repeats", 3)))
     if workload == "parity":
         from flowserve.bench.parity import parity_bench
 

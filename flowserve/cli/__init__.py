@@ -482,6 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-ms", type=float, default=600.0, help="tuner: end-to-end SLO")
     p.add_argument("--tuner-rule", choices=("bound", "relative"), default="bound",
                    help="tuner: the tuner contender's rule (flowserve tune --rule)")
+    p.add_argument("--sim-repeats", type=int, default=3,
+                   help="simulate: traces replayed per pipeline (the p99 compared is over all of them)")
     from flowserve.cli.chaos import add_arguments as chaos_arguments
 
     chaos_arguments(p)  # chaos --minutes M --nodes N
