@@ -293,9 +293,9 @@ async def tail_arrivals(kafka: KafkaSettings, topic: str, partitions: int | rang
 async def run_tuner(controller: Controller, scaler: Scaler, *, interval_s: float = 1.0,
                     stop: asyncio.Event, on_action: Callable[[Action], None] | None = None,
                     growth: PartitionGrowth | None = None,
-                    on_grow: Callable[[int, int], Awaitable[None]] | None = None) -> list[Action]:
+                    on_grow: Callable[[int, int, Action], Awaitable[None]] | None = None) -> list[Action]:
     """Every ``interval_s``: decide and apply; returns every action taken. With ``growth``, a scale-up
-    past the partitions grows them first (``on_grow(before, after)`` is awaited after a growth)."""
+    past the partitions grows them first (``on_grow(before, after, action)`` is awaited after a growth)."""
     taken: list[Action] = []
     while not stop.is_set():
         current = scaler.current()
@@ -316,7 +316,7 @@ async def run_tuner(controller: Controller, scaler: Scaler, *, interval_s: float
 
 
 async def apply_growth(growth: PartitionGrowth, action: Action, scaler: Scaler,
-                on_grow: Callable[[int, int], Awaitable[None]] | None) -> Action | None:
+                on_grow: Callable[[int, int, Action], Awaitable[None]] | None) -> Action | None:
     """Grow the partitions for ``action``; the action as it can be taken (capped), or None if not at all."""
     before = growth.partitions
     try:
@@ -329,7 +329,7 @@ async def apply_growth(growth: PartitionGrowth, action: Action, scaler: Scaler,
         log.warning("partitions %d -> %d for stage %s: %s", before, growth.partitions, action.stage, action.reason)
         scaler.grown(growth.partitions)
         if on_grow is not None:
-            await on_grow(before, growth.partitions)
+            await on_grow(before, growth.partitions, action)
     if action.after <= growth.partitions:
         return action
     if growth.partitions <= action.before:
@@ -363,10 +363,11 @@ async def tune(topology: Topology, plan: Plan, kafka: KafkaSettings, scaler: Sca
     tails = [asyncio.create_task(tail_arrivals(kafka, topology.inputs_topic, topology.spec.partitions,
                                                controller.observe, stop))]
 
-    async def follow(before: int, after: int) -> None:
+    async def follow(before: int, after: int, action: Action) -> None:
         # the new partitions' arrivals count too: read them from their start
         tails.append(asyncio.create_task(tail_arrivals(kafka, topology.inputs_topic, range(before, after),
                                                        controller.observe, stop, from_start=True)))
+        log_action.grown(before, after, action)
     log_action = ActionLog(topology, kafka)
     await log_action.start()
 
@@ -404,12 +405,19 @@ class ActionLog:
         await self._producer.start()
 
     def __call__(self, action: Action) -> None:
+        self._publish(action.stage, action.at, {"consumers": [action.before, action.after], "reason": action.reason})
+
+    def grown(self, before: int, after: int, action: Action) -> None:
+        """Every topic of the topology went from ``before`` to ``after`` partitions, for ``action``."""
+        self._publish(action.stage, action.at, {"partitions": [before, after],
+                                                "reason": f"{action.stage} needs {action.after}: {action.reason}"})
+
+    def _publish(self, stage: str, at: float, what: dict[str, object]) -> None:
         import json
 
-        body = {"ts_ms": int(action.at * 1000), "source": "tuner", "node": action.stage,
-                "action": {"consumers": [action.before, action.after], "reason": action.reason}}
+        body = {"ts_ms": int(at * 1000), "source": "tuner", "node": stage, "action": what}
         send = asyncio.ensure_future(self._producer.send_and_wait(
-            self.topology.actions_topic, json.dumps(body).encode(), key=action.stage.encode()))
+            self.topology.actions_topic, json.dumps(body).encode(), key=stage.encode()))
         self._pending.add(send)
         send.add_done_callback(self._published)
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from flowserve.capture.inspect import inspect_records
 from flowserve.client import TopologyClient
 from flowserve.client.traffic import wait_ready
 from flowserve.gateway.bridge import KafkaBridge
@@ -137,6 +138,10 @@ async def test_a_stage_scales_past_the_partitions_by_growing_every_topic(
                 assert all(n > 0 for n in replies), replies
             finally:
                 await bridge.stop()
+        # the growth is on the actions topic beside the scaling (flowserve ui shows both)
+        published = await inspect_records(kafka, f"{topology.name}.actions", last=100, timeout_s=10)
+        growths = [r.body["action"]["partitions"] for r in published if "partitions" in r.body["action"]]
+        assert growths == [[1, grown[topology.inputs_topic]]], [r.body for r in published]
         # requests went to the new partitions, and their answers came out of the outputs topic's new ones
         per_partition = await _records_per_partition(kafka, topology.outputs_topic, grown[topology.outputs_topic])
         assert all(n > 0 for n in per_partition), per_partition

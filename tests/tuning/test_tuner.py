@@ -174,7 +174,7 @@ def _run_grow(growth: PartitionGrowth, before: int, after: int) -> tuple[Action 
     scaler = LocalScaler(None)  # type: ignore[arg-type]
     scaler.grown = told.append  # type: ignore[method-assign]
 
-    async def on_grow(a: int, b: int) -> None:
+    async def on_grow(a: int, b: int, action: Action) -> None:
         follows.append((a, b))
 
     action = asyncio.run(apply_growth(growth, Action("m", before, after, 0.0, "needs more"), scaler, on_grow))
