@@ -1,28 +1,34 @@
 """The tuner on a real broker: a stage gains a consumer when the rate steps up and loses it after the hold,
-with every request answered exactly once."""
+and (Apache Kafka) scales past the partitions by growing every topic, with every request answered once."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from flowserve.capture.inspect import inspect_records
 from flowserve.client import TopologyClient
 from flowserve.client.traffic import wait_ready
+from flowserve.gateway.bridge import KafkaBridge
+from flowserve.kafka.admin import describe_partitions
 from flowserve.runtime.host import ProcessHost, create_topology_topics
 from flowserve.topology import load_topology
 from flowserve.tuning.plan import Plan, StageConfig, apply_plan, save_plan
 from flowserve.tuning.tuner import Action, LocalScaler, tune
+from flowserve.wire.envelope import H_REPLY_TO, make_headers
+from flowserve.wire.tensors import encode_tensors
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # one emulated stage: batches of 4 take 68 ms on the "cpu" table, ~59 requests/s per consumer
 TOPOLOGY = """
 name: NAME
-partitions: 4
+partitions: PARTITIONS
 deadline_ms: 120000
 nodes:
   m:
@@ -33,9 +39,28 @@ outputs: {x: m.x}
 """
 
 
+def _pacer(client: TopologyClient, futures: dict[str, asyncio.Future], sent: dict[str, np.ndarray]
+           ) -> Callable[[float, Callable[[], bool], int], Awaitable[None]]:
+    """``send(rate, until, limit)``: requests open-loop at ``rate`` until ``until()`` (or ``limit`` of them:
+    the test then fails), each one's future in ``futures`` and its input in ``sent``."""
+
+    async def send(rate: float, until: Callable[[], bool], limit: int) -> None:
+        for _ in range(limit):
+            if until():
+                return
+            rid = f"r{len(sent)}"
+            x = np.full((1, 4), len(sent), np.float32)
+            futures[rid] = client.expect(rid)
+            sent[rid] = x
+            await client.send({"x": x}, request_id=rid)
+            await asyncio.sleep(1.0 / rate)  # pacing the traffic, not waiting for a result
+
+    return send
+
+
 async def test_tuner_adds_a_consumer_on_a_step_and_removes_it_after_the_hold(
         kafka, write_topology, tmp_path: Path) -> None:
-    path = write_topology(TOPOLOGY)
+    path = write_topology(TOPOLOGY.replace("PARTITIONS", "4"))
     base = load_topology(path)
     plan = Plan(base.name, slo_ms=400, partitions=4, hop_ms=5, stages={"m": StageConfig("cpu", 4, 1)})
     plan_path = save_plan(plan, tmp_path / "plan.json")
@@ -61,27 +86,15 @@ async def test_tuner_adds_a_consumer_on_a_step_and_removes_it_after_the_hold(
             await wait_ready(client, {"x": np.zeros((1, 4), np.float32)}, timeout_s=120)
             tuner = asyncio.create_task(tune(topology, plan, kafka, LocalScaler(host), stop=stop, hold_s=3,
                                              hysteresis=0.25, horizon_s=4, interval_s=0.5, on_action=on_action))
-
-            async def send(rate: float, until: asyncio.Event, limit: int) -> None:
-                """Open-loop at ``rate`` until ``until`` is set (or ``limit`` requests: the test then fails)."""
-                for _ in range(limit):
-                    if until.is_set():
-                        return
-                    rid = f"r{len(sent)}"
-                    x = np.full((1, 4), len(sent), np.float32)
-                    futures[rid] = client.expect(rid)
-                    sent[rid] = x
-                    await client.send({"x": x}, request_id=rid)
-                    await asyncio.sleep(1.0 / rate)  # pacing the traffic, not waiting for a result
-
-            await send(15, asyncio.Event(), 30)  # steady and low: no action
+            send = _pacer(client, futures, sent)
+            await send(15, lambda: False, 30)  # steady and low: no action
             assert actions == []
-            await send(150, scaled_up, 3000)  # the step: the tuner must add consumers
+            await send(150, scaled_up.is_set, 3000)  # the step: the tuner must add consumers
             assert scaled_up.is_set(), "no scale-up after 3000 requests at 150/s"
-            await send(150, asyncio.Event(), 150)  # the high rate goes on, now with more consumers
+            await send(150, lambda: False, 150)  # the high rate goes on, now with more consumers
             peak = max(a.after for a in actions)
             assert peak >= 2 and all(a.after > a.before for a in actions), actions
-            await send(15, back_to_one, 1000)  # back down: after the horizon and the hold, it removes them
+            await send(15, back_to_one.is_set, 1000)  # back down: after the horizon and the hold, it removes them
             assert back_to_one.is_set(), f"not back to one consumer after 1000 requests at 15/s: {actions}"
             downs = actions[[a.after < a.before for a in actions].index(True):]
             assert all(a.after < a.before for a in downs) and downs[0].before == peak
@@ -101,6 +114,106 @@ async def test_tuner_adds_a_consumer_on_a_step_and_removes_it_after_the_hold(
         assert [(r.body["node"], r.body["action"]["consumers"]) for r in published] == \
             [(a.stage, [a.before, a.after]) for a in actions]
         assert {r.body["source"] for r in published} == {"tuner"}
+    finally:
+        stop.set()
+        host.stop()
+
+
+async def _records_per_partition(kafka: object, topic: str, partitions: int) -> list[int]:
+    consumer = AIOKafkaConsumer(group_id=None, **kafka.client_kwargs())  # type: ignore[attr-defined]
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        ends = await consumer.end_offsets(tps)
+        return [ends[tp] for tp in tps]
+    finally:
+        await consumer.stop()
+
+
+async def test_a_stage_scales_past_the_partitions_by_growing_every_topic(
+        broker: object, kafka, write_topology, tmp_path: Path) -> None:
+    if not broker.supports_create_partitions:  # type: ignore[attr-defined]
+        pytest.skip("this broker does not take CreatePartitions; the tuner stays within the plan's partitions")
+    path = write_topology(TOPOLOGY.replace("PARTITIONS", "1"))
+    base = load_topology(path)
+    plan = Plan(base.name, slo_ms=400, partitions=1, hop_ms=5, stages={"m": StageConfig("cpu", 4, 1)})
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    topology = apply_plan(base, plan)
+    host = ProcessHost(path, topology, kafka, log_dir=tmp_path / "logs", extra_args=["--plan", str(plan_path)])
+    await create_topology_topics(topology, kafka)
+    host.start_processes()
+    actions: list[Action] = []
+    scaled_up = asyncio.Event()
+
+    def on_action(action: Action) -> None:
+        actions.append(action)
+        if action.after > action.before:
+            scaled_up.set()
+
+    stop = asyncio.Event()
+    futures: dict[str, asyncio.Future] = {}
+    sent: dict[str, np.ndarray] = {}
+    try:
+        async with TopologyClient(topology, kafka) as client:
+            await wait_ready(client, {"x": np.zeros((1, 4), np.float32)}, timeout_s=120)
+            # no scale-down in this test: the hold outlasts it
+            tuner = asyncio.create_task(tune(topology, plan, kafka, LocalScaler(host), stop=stop, hold_s=600,
+                                             horizon_s=4, interval_s=0.5, max_partitions=4, on_action=on_action))
+
+            send = _pacer(client, futures, sent)
+            await send(150, scaled_up.is_set, 3000)
+            assert scaled_up.is_set(), "no scale-up after 3000 requests at 150/s"
+            # the client notices the growth from its producer's metadata (at most 10 s old), then sends on
+            await send(150, lambda: client.partitions > 1, 3000)
+            await send(150, lambda: False, 300)
+            grown = await describe_partitions(kafka, topology.topics())
+            peak = max(a.after for a in actions)
+            assert peak >= 2 and set(grown.values()) == {min(4, max(2, peak))}, (actions, grown)
+            assert client.partitions == grown[topology.inputs_topic]
+            assert host.alive()["m"] == peak
+            stop.set()
+            await tuner
+            done, pending = await asyncio.wait(futures.values(), timeout=120)
+            assert not pending, f"{len(pending)} of {len(futures)} requests never came back"
+            for rid, future in futures.items():
+                reply = future.result()
+                assert reply.error is None, f"{rid}: {reply.error}"
+                np.testing.assert_array_equal(reply.tensors["x"], sent[rid])
+            assert client.duplicates == 0
+            # a gateway started before the growth follows it too: its reply topic grows, and its requests
+            # (one partition per batch, round robin) reach every partition and come back
+            bridge = KafkaBridge([topology], kafka, "g" + topology.name)
+            await bridge.start()
+            try:
+                for _ in range(100):
+                    if bridge.partitions[topology.name] == grown[topology.inputs_topic]:
+                        break
+                    await asyncio.sleep(0.2)  # polling for the bridge's metadata refresh, bounded
+                assert bridge.partitions[topology.name] == grown[topology.inputs_topic]
+                gateway_futures = {}
+                for i in range(40):
+                    rid = f"g{i}"
+                    x = np.full((1, 4), i, np.float32)
+                    headers = make_headers(rid, topology=topology.name,
+                                           extra={H_REPLY_TO: bridge.reply_topic(topology)})
+                    gateway_futures[rid] = (x, bridge.submit(topology, rid, encode_tensors({"x": x}), headers, 120))
+                    await asyncio.sleep(0.01)  # one batch per tick: spread over the partitions
+                for rid, (x, future) in gateway_futures.items():
+                    reply = await future
+                    assert reply.error is None, f"{rid}: {reply.error}"
+                    np.testing.assert_array_equal(reply.tensors["x"], x)
+                replies = await _records_per_partition(kafka, bridge.reply_topic(topology),
+                                                       grown[topology.inputs_topic])
+                assert all(n > 0 for n in replies), replies
+            finally:
+                await bridge.stop()
+        # the growth is on the actions topic beside the scaling (flowserve ui shows both)
+        published = await inspect_records(kafka, f"{topology.name}.actions", last=100, timeout_s=10)
+        growths = [r.body["action"]["partitions"] for r in published if "partitions" in r.body["action"]]
+        assert growths == [[1, grown[topology.inputs_topic]]], [r.body for r in published]
+        # requests went to the new partitions, and their answers came out of the outputs topic's new ones
+        per_partition = await _records_per_partition(kafka, topology.outputs_topic, grown[topology.outputs_topic])
+        assert all(n > 0 for n in per_partition), per_partition
     finally:
         stop.set()
         host.stop()
