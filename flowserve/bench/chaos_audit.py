@@ -10,6 +10,7 @@ reply topic.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -21,6 +22,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology.graph import Topology
+
+log = logging.getLogger("flowserve.chaos")
 
 
 async def topic_keys(kafka: KafkaSettings, topic: str) -> Counter[str]:
@@ -80,7 +83,14 @@ async def group_lag(kafka: KafkaSettings, topology: Topology) -> dict[str, int]:
             ends = await consumer.end_offsets(parts)
             # partitions named: the embedded broker answers only the OffsetFetch versions that name them
             committed = await admin.list_consumer_group_offsets(topology.group_id(node_id), partitions=parts)
-            lag[node_id] = sum(ends[tp] - max(0, committed[tp].offset if tp in committed else 0) for tp in parts)
+            behind = {tp: ends[tp] - max(0, committed[tp].offset if tp in committed else 0) for tp in parts}
+            # A commit past the end leaves nothing to read: not lag, and not to be netted against another
+            # partition's real lag. The embedded broker has shown one (-2 on one node after a chaos run
+            # in the full test suite, every request answered once, never alone): said, not hidden.
+            ahead = {f"{tp.topic}[{tp.partition}]": -n for tp, n in behind.items() if n < 0}
+            if ahead:
+                log.warning("group of node %s: committed past the end of %s", node_id, ahead)
+            lag[node_id] = sum(max(0, n) for n in behind.values())
         return lag
     finally:
         await consumer.stop()
