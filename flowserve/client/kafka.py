@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from flowserve.errors import DeadlineExceeded
-from flowserve.kafka.replies import Reply, ReplyCounters, ReplyRouter
+from flowserve.kafka.replies import GROWTH_CHECK_S, Reply, ReplyCounters, ReplyRouter
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology.graph import Topology
 from flowserve.wire.envelope import (
@@ -26,9 +26,6 @@ from flowserve.wire.envelope import (
     now_ms,
 )
 from flowserve.wire.tensors import encode_tensors
-
-#: how often a client looks whether the topology's inputs topic gained partitions
-GROWTH_CHECK_S = 1.0
 
 
 class TopologyClient:

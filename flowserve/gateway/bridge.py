@@ -19,16 +19,13 @@ from collections.abc import Sequence
 
 from flowserve.errors import BrokerError
 from flowserve.kafka.admin import delete_topics, ensure_topics, grow_partitions
-from flowserve.kafka.replies import Reply, ReplyCounters, ReplyRouter
+from flowserve.kafka.replies import GROWTH_CHECK_S, Reply, ReplyCounters, ReplyRouter
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology.capture import topic_configs
 from flowserve.topology.graph import Topology
 from flowserve.wire.envelope import Headers
 
 log = logging.getLogger("flowserve.gateway")
-
-#: how often the bridge looks whether a topology's inputs topic gained partitions
-GROWTH_CHECK_S = 1.0
 
 
 class KafkaBridge:

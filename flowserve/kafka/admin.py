@@ -110,24 +110,25 @@ async def describe_partitions(kafka: KafkaSettings, topics: Iterable[str]) -> di
 
 
 async def grow_partitions(kafka: KafkaSettings, topics: Iterable[str], count: int, timeout_s: float = 30.0) -> None:
-    """Raise each of ``topics`` to ``count`` partitions, one at a time in the order given (CreatePartitions),
-    and return once every new partition has a leader. Raises :class:`BrokerError` naming the topic the
-    broker refused (e.g. one that does not take CreatePartitions); topics before it have grown."""
+    """Raise each of ``topics`` that exists to ``count`` partitions, one at a time in the order given
+    (CreatePartitions), and return once every new partition has a leader; topics that do not exist yet, or
+    already have ``count``, are left alone. Raises :class:`BrokerError` naming the topic the broker refused
+    (e.g. one that does not take CreatePartitions); topics before it have grown."""
     topics = list(dict.fromkeys(topics))
     admin = AIOKafkaAdminClient(**kafka.client_kwargs())
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
         have = {m["topic"]: len(m.get("partitions", [])) for m in await admin.describe_topics(topics)
                 if not m.get("error_code")}
-        for topic in topics:  # in order: the caller grows downstream topics before those that feed them
-            if have.get(topic, 0) >= count:
-                continue  # already there (a retry, or another tuner): asking again is an error for the broker
+        # already there (a retry, or another tuner): asking again is an error for the broker
+        grown = [t for t in topics if t in have and have[t] < count]
+        for topic in grown:  # in order: the caller grows downstream topics before those that feed them
             try:
                 await asyncio.wait_for(admin.create_partitions({topic: NewPartitions(count)}), timeout_s)
             except Exception as exc:
                 raise BrokerError(f"could not raise topic '{topic}' to {count} partitions at {kafka.bootstrap}: "
                                   f"{exc!r}") from None
-        await _await_leaders(admin, topics, count, timeout_s)
+        await _await_leaders(admin, grown, count, timeout_s)
     except TimeoutError:
         raise BrokerError(f"growing topics to {count} partitions at {kafka.bootstrap} took over {timeout_s:g} s") \
             from None

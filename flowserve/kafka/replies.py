@@ -37,6 +37,10 @@ from flowserve.wire.v2 import decode_response
 
 log = logging.getLogger("flowserve.kafka.replies")
 
+#: how often a user of the engine (the Kafka client, the gateway) looks whether a topology's inputs topic
+#: gained partitions (:meth:`ReplyRouter.partitions_of`, :meth:`ReplyRouter.follow`)
+GROWTH_CHECK_S = 1.0
+
 
 @dataclass(slots=True)
 class Reply:

@@ -14,7 +14,7 @@ Who sees the new partitions, and when:
   asked to write to a partition its metadata does not know yet refreshes it first (the outbox);
 - :class:`~flowserve.client.TopologyClient` (and so ``flowserve trace replay``) spreads its requests
   over the new partitions once its producer's metadata shows them, reading their replies from then on;
-- the HTTP gateway keeps the partitions it started with (its requests still flow, on those).
+- the HTTP gateway does the same, growing its own reply topic to match first.
 
 A topology with parity-protected nodes is refused: its coding groups are drawn over the partitions it
 started with.
@@ -22,14 +22,10 @@ started with.
 
 from __future__ import annotations
 
-import logging
-
-from flowserve.errors import BrokerError, FlowserveError
-from flowserve.kafka.admin import describe_partitions, grow_partitions
+from flowserve.errors import FlowserveError
+from flowserve.kafka.admin import grow_partitions
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology.graph import Topology
-
-log = logging.getLogger("flowserve.tuner")
 
 
 def check_growable(topology: Topology) -> None:
@@ -59,20 +55,15 @@ class PartitionGrowth:
     async def grow(self, consumers: int) -> int:
         """Make sure there are partitions for ``consumers`` (as many as the limit allows); returns the count.
 
-        Raises :class:`BrokerError` when the broker refuses (the count stays as it was)."""
+        Raises :class:`~flowserve.errors.BrokerError` when the broker refuses (the count stays as it was)."""
         if consumers <= self.partitions or self.partitions >= self.limit:
             return self.partitions
         count = self.target(consumers)
-        owned = self.topology.topics()
-        existing = await describe_partitions(self.kafka, owned)
         # downstream first, the inputs topic last: a record is only ever meant for a partition that exists
-        order = [t for t in owned if t in existing and t != self.topology.inputs_topic]
-        order.append(self.topology.inputs_topic)
-        await grow_partitions(self.kafka, [t for t in order if existing.get(t, count) < count], count)
-        log.warning("grew topology '%s' from %d to %d partitions (every topic: %d)", self.topology.name,
-                    self.partitions, count, len(order))
+        inputs = self.topology.inputs_topic
+        await grow_partitions(self.kafka, [*(t for t in self.topology.topics() if t != inputs), inputs], count)
         self.partitions = count
         return count
 
 
-__all__ = ["BrokerError", "PartitionGrowth", "check_growable"]
+__all__ = ["PartitionGrowth", "check_growable"]

@@ -316,7 +316,7 @@ async def run_tuner(controller: Controller, scaler: Scaler, *, interval_s: float
 
 
 async def apply_growth(growth: PartitionGrowth, action: Action, scaler: Scaler,
-                on_grow: Callable[[int, int, Action], Awaitable[None]] | None) -> Action | None:
+                       on_grow: Callable[[int, int, Action], Awaitable[None]] | None) -> Action | None:
     """Grow the partitions for ``action``; the action as it can be taken (capped), or None if not at all."""
     before = growth.partitions
     try:
