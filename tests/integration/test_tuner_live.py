@@ -17,7 +17,7 @@ from flowserve.client.traffic import wait_ready
 from flowserve.gateway.bridge import KafkaBridge
 from flowserve.kafka.admin import describe_partitions
 from flowserve.runtime.host import ProcessHost, create_topology_topics
-from flowserve.topology import load_topology
+from flowserve.topology import Topology, load_topology
 from flowserve.tuning.plan import Plan, StageConfig, apply_plan, save_plan
 from flowserve.tuning.tuner import Action, LocalScaler, tune
 from flowserve.wire.envelope import H_REPLY_TO, make_headers
@@ -58,16 +58,24 @@ def _pacer(client: TopologyClient, futures: dict[str, asyncio.Future], sent: dic
     return send
 
 
-async def test_tuner_adds_a_consumer_on_a_step_and_removes_it_after_the_hold(
-        kafka, write_topology, tmp_path: Path) -> None:
-    path = write_topology(TOPOLOGY.replace("PARTITIONS", "4"))
+async def _deployed(kafka: object, write_topology: Callable[[str], Path], tmp_path: Path, *, partitions: int
+                    ) -> tuple[Topology, Plan, ProcessHost]:
+    """The one-stage topology on ``partitions``, planned at one consumer with batches of 4, its worker started."""
+    path = write_topology(TOPOLOGY.replace("PARTITIONS", str(partitions)))
     base = load_topology(path)
-    plan = Plan(base.name, slo_ms=400, partitions=4, hop_ms=5, stages={"m": StageConfig("cpu", 4, 1)})
+    plan = Plan(base.name, slo_ms=400, partitions=partitions, hop_ms=5, stages={"m": StageConfig("cpu", 4, 1)})
     plan_path = save_plan(plan, tmp_path / "plan.json")
     topology = apply_plan(base, plan)
-    host = ProcessHost(path, topology, kafka, log_dir=tmp_path / "logs", extra_args=["--plan", str(plan_path)])
-    await create_topology_topics(topology, kafka)
+    host = ProcessHost(path, topology, kafka, log_dir=tmp_path / "logs",  # type: ignore[arg-type]
+                       extra_args=["--plan", str(plan_path)])
+    await create_topology_topics(topology, kafka)  # type: ignore[arg-type]
     host.start_processes()
+    return topology, plan, host
+
+
+async def test_tuner_adds_a_consumer_on_a_step_and_removes_it_after_the_hold(
+        kafka, write_topology, tmp_path: Path) -> None:
+    topology, plan, host = await _deployed(kafka, write_topology, tmp_path, partitions=4)
     actions: list[Action] = []
     scaled_up, back_to_one = asyncio.Event(), asyncio.Event()
 
@@ -134,14 +142,7 @@ async def test_a_stage_scales_past_the_partitions_by_growing_every_topic(
         broker: object, kafka, write_topology, tmp_path: Path) -> None:
     if not broker.supports_create_partitions:  # type: ignore[attr-defined]
         pytest.skip("this broker does not take CreatePartitions; the tuner stays within the plan's partitions")
-    path = write_topology(TOPOLOGY.replace("PARTITIONS", "1"))
-    base = load_topology(path)
-    plan = Plan(base.name, slo_ms=400, partitions=1, hop_ms=5, stages={"m": StageConfig("cpu", 4, 1)})
-    plan_path = save_plan(plan, tmp_path / "plan.json")
-    topology = apply_plan(base, plan)
-    host = ProcessHost(path, topology, kafka, log_dir=tmp_path / "logs", extra_args=["--plan", str(plan_path)])
-    await create_topology_topics(topology, kafka)
-    host.start_processes()
+    topology, plan, host = await _deployed(kafka, write_topology, tmp_path, partitions=1)
     actions: list[Action] = []
     scaled_up = asyncio.Event()
 
