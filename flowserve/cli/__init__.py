@@ -480,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tuner-rate", type=float, default=30.0, help="tuner, simulate: base request rate")
     p.add_argument("--trace-seconds", type=float, default=40.0, help="tuner, simulate: length of each trace")
     p.add_argument("--slo-ms", type=float, default=600.0, help="tuner: end-to-end SLO")
-    p.add_argument("--tuner-rule", choices=("bound", "relative", "simulate"), default="bound",
+    p.add_argument("--tuner-rule", choices=("bound", "relative"), default="bound",
                    help="tuner: the tuner contender's rule (flowserve tune --rule)")
     p.add_argument("--sim-repeats", type=int, default=3,
                    help="simulate: traces replayed per pipeline (the p99 compared is over all of them)")

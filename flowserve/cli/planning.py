@@ -286,9 +286,9 @@ def register_tune(sub: Any) -> None:
     p.add_argument("--hold-s", type=float, default=30.0, help="stay below this long before scaling down")
     p.add_argument("--hysteresis", type=float, default=0.25, help="scale down only below (1 - h) of the need")
     p.add_argument("--horizon-s", type=float, default=60.0, help="longest envelope window (seconds of history)")
-    p.add_argument("--rule", choices=("bound", "relative", "simulate"), default="bound",
-                   help="size stages on the delay bound of the live envelope, relative to the plan's envelope "
-                        "(InferLine's trigger), or by simulating the live arrivals as the planner does")
+    p.add_argument("--rule", choices=("bound", "relative"), default="bound",
+                   help="size stages on the delay bound of the live envelope, or relative to the plan's envelope "
+                        "(InferLine's trigger)")
     p.add_argument("--max-partitions", type=int, metavar="N",
                    help="let stages scale past the plan's partitions: grow every topic of the topology together, "
                         "up to N (CreatePartitions: Apache Kafka; partitions are never removed)")

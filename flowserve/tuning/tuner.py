@@ -16,11 +16,6 @@ timestamps) and asks, per stage, how many consumers it needs, by one of two rule
   and left out. This is InferLine's trigger: act when the workload leaves the sample the plan was made for.
   It keeps a stationary workload at the plan's cost, but the plan's envelope holds its own sample's
   noise, so it under-reacts to a change of rate and over-reacts to noise (docs/benchmarks.md).
-- ``simulate``, **on the planner's own simulator** (:class:`SimulatedSizer`): replay the horizon's live
-  arrivals through :func:`~flowserve.tuning.simulate.simulate` with the running consumers; if the simulated
-  p99 misses the SLO, add consumers one at a time to the stage whose queue waits longest until it meets it
-  (the planner's feasible start, from the running configuration). The p99, not the worst burst, decides,
-  and the whole change is one action per stage.
 
 Then:
 
@@ -41,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import subprocess
@@ -58,8 +54,8 @@ from flowserve.runtime.host import ProcessHost
 from flowserve.topology.graph import Topology
 from flowserve.tuning.curves import TokenBucket, envelope, max_arrivals
 from flowserve.tuning.partitions import PartitionGrowth
-from flowserve.tuning.plan import Plan, StageOptions, sim_stages, stage_options
-from flowserve.tuning.simulate import SimResult, batch_time, simulate
+from flowserve.tuning.plan import Plan, StageOptions, stage_options
+from flowserve.tuning.simulate import batch_time
 
 log = logging.getLogger("flowserve.tuner")
 
@@ -107,7 +103,7 @@ def needed_consumers(family: Sequence[TokenBucket], target: StageTarget, scale: 
 
 
 #: how the controller sizes a stage (see the module docstring)
-RULES = ("bound", "relative", "simulate")
+RULES = ("bound", "relative")
 #: a window where the plan's trace had fewer arrivals than this is left out of the ratio: 3 against 2 is noise
 MIN_COUNT = 5
 
@@ -137,99 +133,6 @@ def relative_consumers(excess: tuple[float, str], target: StageTarget, scale: fl
     return min(c, target.max_consumers), f"{why} -> x{factor:.2f} of the plan's {target.consumers} consumer(s)"
 
 
-#: sizes a stage: (target, scale) -> (consumers, why); scale > 1 inflates the traffic (the hysteresis)
-Sizer = Callable[[StageTarget, float], tuple[int, str]]
-
-
-@dataclass
-class SimulatedSizer:
-    """The ``simulate`` rule: size every stage together by simulating the horizon's live arrivals.
-
-    Up: from the running consumers, add one at a time to the stage whose p99 queue wait is longest until
-    the simulated p99 meets the SLO (or no stage may grow; then the best configuration seen). Down: from
-    the running consumers with the traffic ``scale`` times faster (arrival gaps divided by it), take one
-    away at a time from the stage where that hurts the simulated p99 least while it still meets the SLO.
-    The same simulator, hop and per-batch overhead the plan was made with, so a plan's own trace keeps it.
-    """
-
-    options: list[StageOptions]
-    plan: Plan
-    #: the partitions the stages can spread over (consumers beyond them sit idle in the simulation too)
-    partitions: int
-    max_consumers: int = 64
-    percentile: float = 99.0
-    #: one simulation costs ~5 ms per 600 arrivals here; this bounds a decision's search
-    max_steps: int = 64
-
-    def sizer(self, arrivals: np.ndarray, current: dict[str, int]) -> Sizer:
-        """A :data:`Sizer` for one decision (the simulations are shared by every stage's question)."""
-        times = np.sort(arrivals) - (float(np.min(arrivals)) if arrivals.size else 0.0)
-        running = {o.id: max(1, current.get(o.id, self.plan.stages[o.id].consumers)) for o in self.options}
-        sized: dict[float, tuple[dict[str, int], str]] = {}
-
-        def size(target: StageTarget, scale: float) -> tuple[int, str]:
-            if times.size == 0:
-                return 1, "no arrivals"
-            if scale not in sized:
-                sized[scale] = self._up(times, running) if scale == 1.0 else self._down(times / scale, running)
-            config, why = sized[scale]
-            return config[target.id], why
-        return size
-
-    def _run(self, times: np.ndarray, consumers: dict[str, int]) -> SimResult:
-        config = {o.id: dataclasses.replace(self.plan.stages[o.id], consumers=consumers[o.id]) for o in self.options}
-        return simulate(sim_stages(self.options, config), times, partitions=self.partitions,
-                        hop_s=self.plan.hop_ms / 1000, overhead_s=self.plan.overhead_ms / 1000)
-
-    def _p99(self, result: SimResult) -> float:
-        return result.percentile(self.percentile)
-
-    def _up(self, times: np.ndarray, running: dict[str, int]) -> tuple[dict[str, int], str]:
-        slo = self.plan.slo_ms / 1000
-        config, result = dict(running), self._run(times, running)
-        first = p99 = self._p99(result)
-        best = (p99, config)
-        for _ in range(self.max_steps):
-            growable = [o.id for o in self.options if config[o.id] < self.max_consumers]
-            if p99 <= slo or not growable:
-                break
-            stats = result.stages
-            longest = max(growable, key=lambda s: (stats[s].p99_wait_s, stats[s].utilisation))
-            config = {**config, longest: config[longest] + 1}
-            result = self._run(times, config)
-            p99 = self._p99(result)
-            if p99 < best[0]:
-                best = (p99, config)
-        if p99 > slo:  # unreachable within the limits: the best seen
-            p99, config = best
-        return config, (f"simulated p{self.percentile:g} {first * 1000:.0f} ms over {times.size} arrivals "
-                        f"({_rate(times):.1f}/s) with {_shown(running)}; {_shown(config)} -> {p99 * 1000:.0f} ms")
-
-    def _down(self, times: np.ndarray, running: dict[str, int]) -> tuple[dict[str, int], str]:
-        slo = self.plan.slo_ms / 1000
-        config = dict(running)
-        p99 = self._p99(self._run(times, config))
-        for _ in range(self.max_steps):
-            trials = [(self._p99(self._run(times, {**config, s: config[s] - 1})), s)
-                      for s in config if config[s] > 1]
-            fits = [(p, s) for p, s in trials if p <= slo]
-            if not fits:
-                break
-            p99, stage = min(fits)
-            config = {**config, stage: config[stage] - 1}
-        return config, (f"simulated p{self.percentile:g} {p99 * 1000:.0f} ms at {_rate(times):.1f}/s "
-                        f"with {_shown(config)}")
-
-
-def _rate(times: np.ndarray) -> float:
-    span = float(times[-1] - times[0]) if times.size > 1 else 0.0
-    return times.size / span if span > 0 else float(times.size)
-
-
-def _shown(config: dict[str, int]) -> str:
-    return " ".join(f"{k}={v}" for k, v in config.items())
-
-
 @dataclass
 class Controller:
     """Decides scaling actions from observed arrival times (seconds); pure, so it is unit-tested."""
@@ -244,8 +147,6 @@ class Controller:
     #: the plan's envelope (window, most arrivals): when given, stages scale relative to it
     #: (:func:`relative_consumers`); else on the delay bound (:func:`needed_consumers`)
     planned: list[tuple[float, int]] = field(default_factory=list)
-    #: when given, stages are sized together by simulating the live arrivals (the ``simulate`` rule)
-    simulated: SimulatedSizer | None = None
     _arrivals: deque[float] = field(default_factory=deque)
     _below_since: dict[str, float] = field(default_factory=dict)
     _last_action: dict[str, float] = field(default_factory=dict)
@@ -263,40 +164,25 @@ class Controller:
             self._arrivals.popleft()
         return np.fromiter(self._arrivals, dtype=float)
 
-    def sizer(self, now: float, current: dict[str, int]) -> Sizer:
-        """How this decision sizes a stage, by the controller's rule."""
-        live = self._live(now)
-        if self.simulated is not None:
-            return self.simulated.sizer(live, current)
-        if self.planned:
-            excess = plan_excess(live, self.planned)
-            return lambda t, scale: relative_consumers(excess, t, scale)
-        families: dict[float, list[TokenBucket]] = {}
-
-        def bound(t: StageTarget, scale: float) -> tuple[int, str]:
-            shortest = min(t.batch_s, self.horizon_s / 2)
-            if shortest not in families:
-                families[shortest] = envelope(live, shortest, longest=self.horizon_s) if live.size else []
-            return needed_consumers(families[shortest], t, scale)
-        return bound
-
     def decide(self, now: float, current: dict[str, int]) -> list[Action]:
         actions = []
-        size = self.sizer(now, current)
-        # the bound reads every burst as the worst case, so it steps at most doubling, seeing each step's
-        # effect; the other rules size from what is shown to hold, so they go at once (a step is a rebalance)
-        stepwise = self.simulated is None and not self.planned
+        excess = plan_excess(self._live(now), self.planned) if self.planned else None
         for t in self.targets:
             have = current.get(t.id, 1)
             if now - self._last_action.get(t.id, -math.inf) < self.settle_s:
                 continue
-            up, why = size(t, 1.0)
+            need = (functools.partial(relative_consumers, excess, t) if excess is not None else
+                    functools.partial(needed_consumers, self.envelope(now, min(t.batch_s, self.horizon_s / 2)), t))
+            up, why = need(scale=1.0)
             if up > have:
                 self._below_since.pop(t.id, None)
                 self._last_action[t.id] = now
-                actions.append(Action(t.id, have, min(up, 2 * have) if stepwise else up, now, why))
+                # the bound reads every burst as the worst case, so it steps at most doubling, seeing each
+                # step's effect; the relative rule scales from a plan shown to hold, so it goes at once
+                # (each step costs a rebalance)
+                actions.append(Action(t.id, have, up if excess is not None else min(up, 2 * have), now, why))
                 continue
-            down, why_down = size(t, 1.0 + self.hysteresis)
+            down, why_down = need(scale=1.0 + self.hysteresis)
             if down >= have:
                 self._below_since.pop(t.id, None)
                 continue
@@ -457,8 +343,7 @@ async def tune(topology: Topology, plan: Plan, kafka: KafkaSettings, scaler: Sca
                settle_s: float = 5.0, rule: str = "bound", max_partitions: int | None = None,
                on_action: Callable[[Action], None] | None = None) -> list[Action]:
     """Tail the topology's inputs topic and resize its stages through ``scaler`` until ``stop`` is set;
-    ``rule`` is ``bound`` (the delay bound), ``relative`` (to the plan's envelope) or ``simulate`` (the
-    plan's simulator on the live arrivals; see the module).
+    ``rule`` is ``bound`` (the delay bound) or ``relative`` (to the plan's envelope; see the module).
     ``max_partitions`` above the plan's lets stages scale past them by growing every topic
     (:class:`~flowserve.tuning.partitions.PartitionGrowth`; refused by brokers without CreatePartitions).
 
@@ -469,17 +354,12 @@ async def tune(topology: Topology, plan: Plan, kafka: KafkaSettings, scaler: Sca
         raise FlowserveError("the relative rule scales against the plan's arrival envelope and this plan has "
                              "none (written before plans kept it): make it again with 'flowserve plan'")
     growth = None
-    options = stage_options(topology)
-    targets = targets_from_plan(options, plan)
+    targets = targets_from_plan(stage_options(topology), plan)
     if max_partitions is not None and max_partitions > topology.spec.partitions:
         growth = PartitionGrowth(topology, kafka, partitions=topology.spec.partitions, limit=max_partitions)
         targets = [dataclasses.replace(t, max_consumers=max_partitions) for t in targets]
-    # with growth, the simulation spreads stages over the partitions they may grow to
-    most = max_partitions if growth is not None and max_partitions is not None else topology.spec.partitions
     controller = Controller(targets, hold_s=hold_s, hysteresis=hysteresis, horizon_s=horizon_s, settle_s=settle_s,
-                            planned=list(plan.envelope) if rule == "relative" else [],
-                            simulated=SimulatedSizer(options, plan, most, most)
-                            if rule == "simulate" else None)
+                            planned=list(plan.envelope) if rule == "relative" else [])
     tails = [asyncio.create_task(tail_arrivals(kafka, topology.inputs_topic, topology.spec.partitions,
                                                controller.observe, stop))]
 

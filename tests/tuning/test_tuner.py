@@ -13,12 +13,11 @@ from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology.graph import load_topology
 from flowserve.tuning.curves import TokenBucket
 from flowserve.tuning.partitions import PartitionGrowth, check_growable
-from flowserve.tuning.plan import Plan, StageConfig, StageOptions, planned_envelope, search
+from flowserve.tuning.plan import Plan, StageConfig, StageOptions, planned_envelope
 from flowserve.tuning.tuner import (
     Action,
     Controller,
     LocalScaler,
-    SimulatedSizer,
     StageTarget,
     apply_growth,
     needed_consumers,
@@ -130,49 +129,6 @@ def test_relative_controller_goes_to_the_need_in_one_step_and_back_after_the_hol
     assert first_down == 21  # the 4-s horizon holds the spike until t=16, then the 5-s hold
     (down,) = decisions[first_down]
     assert (down.before, down.after) == (8, 3)  # the plan's 2 with the hysteresis's 25%, rounded up
-
-
-# the simulate rule: a light stage, then one serving batches of 4 in 40 ms (100/s per consumer); 8 partitions
-SIM_OPTIONS = [StageOptions("pre", {"cpu": {1: 0.001}}, [(None, "x")]),
-               StageOptions("m", {"cpu": {1: 0.02, 4: 0.04}}, [("pre", "x")], output=True)]
-SIM_PLAN = Plan("t", 200.0, 8, 1.0, {"pre": StageConfig("cpu", 1, 1), "m": StageConfig("cpu", 4, 1)})
-
-
-def _simulated() -> Controller:
-    sizer = SimulatedSizer(SIM_OPTIONS, SIM_PLAN, partitions=8, max_consumers=8)
-    targets = targets_from_plan(SIM_OPTIONS, SIM_PLAN)
-    return Controller(targets, hold_s=5, hysteresis=0.25, horizon_s=4, settle_s=1.5, simulated=sizer)
-
-
-def test_simulate_rule_sizes_every_stage_together_in_one_action_and_back_after_the_hold() -> None:
-    ctl = _simulated()
-    ctl.observe(_arrivals(50, 0, 10))
-    assert ctl.decide(10.0, {"pre": 1, "m": 1}) == []  # half of one consumer
-    ctl.observe(_arrivals(250, 10, 14))  # 2.5 consumers' worth: the simulation wants 3 or more, at once
-    (up,) = ctl.decide(14.0, {"pre": 1, "m": 1})
-    assert up.stage == "m" and up.before == 1 and up.after >= 3  # the bound rule would stop at double
-    assert "simulated p99" in up.reason and "m=1" in up.reason
-    ctl.observe(_arrivals(50, 14, 30))
-    decisions = {t: ctl.decide(float(t), {"pre": 1, "m": up.after}) for t in range(15, 31)}
-    first_down = min(t for t, acts in decisions.items() if acts)
-    assert 19 <= first_down <= 23  # the spike leaves the 4-s horizon, then the 5-s hold
-    (down,) = decisions[first_down]
-    assert (down.stage, down.after) == ("m", 1) and "below for 5 s" in down.reason
-
-
-def test_simulate_rule_keeps_the_plan_its_simulation_chose_for_the_same_traffic() -> None:
-    # the planner's search on a Poisson trace at 150/s, then that traffic live: the same simulator agrees
-    arrivals = np.cumsum(np.random.default_rng(3).exponential(1 / 150, 3000))
-    config, _ = search(SIM_OPTIONS, arrivals[arrivals < 8], 0.2, prices={"cpu": 1.0}, hop_s=0.001,
-                       min_partitions=8, headroom=1)
-    assert config["m"].consumers >= 2
-    plan = Plan("t", 200.0, 8, 1.0, config)
-    ctl = Controller(targets_from_plan(SIM_OPTIONS, plan), hold_s=2, horizon_s=4,
-                     simulated=SimulatedSizer(SIM_OPTIONS, plan, partitions=8, max_consumers=8))
-    running = {k: c.consumers for k, c in config.items()}
-    for t in range(1, 20):
-        ctl.observe(arrivals[(arrivals >= t - 1) & (arrivals < t)])
-        assert ctl.decide(float(t), running) == []
 
 
 def test_plan_keeps_its_traces_envelope() -> None:
