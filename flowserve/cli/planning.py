@@ -253,6 +253,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     scaler: Scaler
     if args.kubernetes:
         scaler = KubernetesScaler(topology.name, args.kubernetes)
+        scaler.load()
     else:
         host = ProcessHost(Path(args.topology), topology, kafka, extra_args=["--plan", args.plan])
         asyncio.run(create_topology_topics(topology, kafka))
@@ -293,5 +294,6 @@ def register_tune(sub: Any) -> None:
                    help="let stages scale past the plan's partitions: grow every topic of the topology together, "
                         "up to N (CreatePartitions: Apache Kafka; partitions are never removed)")
     p.add_argument("--kubernetes", metavar="NAMESPACE",
-                   help="patch Deployments <topology>-<node> there instead of starting local workers")
+                   help="scale Deployments flowserve-<topology>-<node> there (as flowserve deploy renders them; "
+                        "their KEDA ScaledObjects pinned) instead of starting local workers")
     p.set_defaults(func=cmd_tune)

@@ -11,7 +11,6 @@ PyYAML; the Dockerfiles and the collector configuration are template files besid
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -21,6 +20,7 @@ import yaml
 
 from flowserve.errors import ErrorKind, FlowserveError
 from flowserve.topology.graph import Topology
+from flowserve.topology.names import deployment_name, k8s_name
 
 Target = Literal["k8s", "compose"]
 KAFKA_NODES = 3
@@ -84,12 +84,6 @@ class Plan:
         return self.nodes.get(node_id, default)
 
 
-def k8s_name(*parts: str) -> str:
-    """A DNS-1123 label from ``parts`` (node ids may hold underscores; topic names dots)."""
-    name = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
-    return name[:63].rstrip("-")
-
-
 def _template(name: str) -> str:
     return resources.files("flowserve.deploy").joinpath("templates", name).read_text()
 
@@ -148,7 +142,7 @@ def kubernetes(topology: Topology, path: str, plan: Plan) -> list[dict[str, Any]
         })
     for node_id in topology.nodes:
         node = plan.node(topology, node_id)
-        deployment = k8s_name(name, node_id)
+        deployment = deployment_name(topology.name, node_id)
         objs.append(_deployment(deployment, {**labels, "flowserve/node": node_id}, name, node, plan,
                                 _worker_command(topology, path, node_id, bootstrap)))
         objs.append(_scaled_object(topology, node_id, deployment, node, bootstrap, partitions))

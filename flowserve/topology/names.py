@@ -24,9 +24,14 @@ Every name starts with a topology's *base*, ``<prefix>.<topology>`` (prefix ``fs
 
 A node's consumer group is ``<base>.<node>``. Names are plain functions of strings, so tools that know
 only a topology's name and prefix (``flowserve inspect``, the capture reader) form the same names.
+
+On Kubernetes (``flowserve deploy``), a node's workers are the Deployment ``flowserve-<topology>-<node>``
+(:func:`deployment_name`), which ``flowserve tune --kubernetes`` scales.
 """
 
 from __future__ import annotations
+
+import re
 
 INPUTS = "inputs"
 OUTPUTS = "outputs"
@@ -150,3 +155,14 @@ def shadow_topic(base: str, node: str, port: str) -> str:
     """The shadow version of ``node``'s output ``port``: ``<base>.<node>.shadow.<port>`` (read by nobody in the
     topology: ``flowserve versions`` compares it with the live outputs)."""
     return f"{base}.{node}.{SHADOW}.{port}"
+
+
+def k8s_name(*parts: str) -> str:
+    """A DNS-1123 label from ``parts`` (node ids may hold underscores; topic names dots)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+    return name[:63].rstrip("-")
+
+
+def deployment_name(topology: str, node_id: str) -> str:
+    """The Kubernetes Deployment that runs node ``node_id``'s workers of topology ``topology``."""
+    return k8s_name("flowserve", topology, node_id)

@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import math
 import subprocess
@@ -52,6 +53,7 @@ from flowserve.errors import BrokerError, FlowserveError
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost
 from flowserve.topology.graph import Topology
+from flowserve.topology.names import deployment_name
 from flowserve.tuning.curves import TokenBucket, envelope, max_arrivals
 from flowserve.tuning.partitions import PartitionGrowth
 from flowserve.tuning.plan import Plan, StageOptions, stage_options
@@ -248,20 +250,68 @@ class LocalScaler:
 
 
 class KubernetesScaler:
-    """Patches the replica count of each stage's Deployment (``<topology>-<node>``) with ``kubectl``."""
+    """Sets each stage's replicas on Kubernetes with ``kubectl``, on the Deployments ``flowserve deploy``
+    renders (``flowserve-<topology>-<node>``, :func:`~flowserve.topology.names.deployment_name`).
 
-    def __init__(self, topology: str, namespace: str = "default") -> None:
+    ``flowserve deploy`` also renders a KEDA ScaledObject per stage; where one is installed, KEDA's
+    autoscaler owns the Deployment's replicas and would undo a ``kubectl scale`` at its next poll. The
+    tuner then pins the ScaledObject's ``minReplicaCount`` and ``maxReplicaCount`` to its count instead.
+    :meth:`load` reads where the stages stand first; a ``kubectl`` that fails is logged and the stage left
+    as it was (the controller asks again after its settle time)."""
+
+    def __init__(self, topology: str, namespace: str = "default", kubectl: str = "kubectl") -> None:
         self.topology = topology
         self.namespace = namespace
+        self.kubectl = kubectl
         self._replicas: dict[str, int] = {}
+        self._keda: set[str] = set()
+
+    def _kubectl(self, *args: str) -> str:
+        done = subprocess.run([self.kubectl, "-n", self.namespace, *args], capture_output=True, text=True,
+                              timeout=60, check=False)
+        if done.returncode != 0:
+            raise FlowserveError(f"kubectl {args[0]} {args[1]} in namespace '{self.namespace}': "
+                                 f"{done.stderr.strip() or f'exit status {done.returncode}'}")
+        return done.stdout
+
+    def load(self) -> None:
+        """Read each stage's replicas from its Deployment, and which stages KEDA scales."""
+        selector = f"flowserve/topology={self.topology}"
+        deployments = json.loads(self._kubectl("get", "deployments", "-l", selector, "-o", "json"))
+        by_name = {}
+        for item in deployments.get("items", []):
+            node = item["metadata"].get("labels", {}).get("flowserve/node")
+            # the gateway's Deployment carries the topology's labels too, but it is not a stage
+            if node and node != "gateway" and item["metadata"]["name"] == deployment_name(self.topology, node):
+                self._replicas[node] = int(item["spec"].get("replicas", 1))
+                by_name[item["metadata"]["name"]] = node
+        if not self._replicas:
+            raise FlowserveError(f"no Deployments of topology '{self.topology}' in namespace '{self.namespace}' "
+                                 f"(label {selector}): deploy it first (flowserve deploy ... | kubectl apply -f -)")
+        try:
+            scaled = json.loads(self._kubectl("get", "scaledobjects.keda.sh", "-l", selector, "-o", "json"))
+        except FlowserveError as exc:  # KEDA not installed: the Deployments are ours alone
+            log.info("tuner: no KEDA ScaledObjects (%s); scaling the Deployments", exc)
+            return
+        targets = (item["spec"].get("scaleTargetRef", {}).get("name") for item in scaled.get("items", []))
+        self._keda = {by_name[t] for t in targets if t in by_name}
 
     def current(self) -> dict[str, int]:
         return dict(self._replicas)
 
     async def scale(self, stage: str, consumers: int) -> None:
-        name = f"{self.topology}-{stage}".replace("_", "-")
-        await asyncio.to_thread(subprocess.run, ["kubectl", "-n", self.namespace, "scale",  # noqa: S607
-                                                 f"deployment/{name}", f"--replicas={consumers}"], check=True)
+        name = deployment_name(self.topology, stage)
+        args: tuple[str, ...]
+        if stage in self._keda:
+            pin = json.dumps({"spec": {"minReplicaCount": consumers, "maxReplicaCount": consumers}})
+            args = ("patch", f"scaledobjects.keda.sh/{name}", "--type", "merge", "-p", pin)
+        else:
+            args = ("scale", f"deployment/{name}", f"--replicas={consumers}")
+        try:
+            await asyncio.to_thread(self._kubectl, *args)
+        except (FlowserveError, subprocess.TimeoutExpired) as exc:
+            log.error("tuner: could not scale %s to %d: %s", stage, consumers, exc)
+            return
         self._replicas[stage] = consumers
 
     def grown(self, partitions: int) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from fs_testkit import ONE_EMULATED_STAGE
 
 from flowserve.capture.inspect import inspect_records
 from flowserve.client import TopologyClient
@@ -25,18 +26,6 @@ from flowserve.wire.tensors import encode_tensors
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-# one emulated stage: batches of 4 take 68 ms on the "cpu" table, ~59 requests/s per consumer
-TOPOLOGY = """
-name: NAME
-partitions: PARTITIONS
-deadline_ms: 120000
-nodes:
-  m:
-    component: flowserve.builtin:Accelerator
-    params: {model: resnet50, hardware: cpu, jitter: 0}
-    inputs: {x: input.x}
-outputs: {x: m.x}
-"""
 
 
 def _pacer(client: TopologyClient, futures: dict[str, asyncio.Future], sent: dict[str, np.ndarray]
@@ -61,7 +50,7 @@ def _pacer(client: TopologyClient, futures: dict[str, asyncio.Future], sent: dic
 async def _deployed(kafka: object, write_topology: Callable[[str], Path], tmp_path: Path, *, partitions: int
                     ) -> tuple[Topology, Plan, ProcessHost]:
     """The one-stage topology on ``partitions``, planned at one consumer with batches of 4, its worker started."""
-    path = write_topology(TOPOLOGY.replace("PARTITIONS", str(partitions)))
+    path = write_topology(ONE_EMULATED_STAGE.replace("PARTITIONS", str(partitions)))
     base = load_topology(path)
     plan = Plan(base.name, slo_ms=400, partitions=partitions, hop_ms=5, stages={"m": StageConfig("cpu", 4, 1)})
     plan_path = save_plan(plan, tmp_path / "plan.json")

@@ -1,4 +1,5 @@
-"""Components used only by the tests. Importable by worker subprocesses via PYTHONPATH (see conftest)."""
+"""Components (and a topology) used only by the tests. Importable by worker subprocesses via PYTHONPATH
+(see conftest)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,20 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from flowserve import Batch, Component, Port, Result
+
+#: the tuner tests' topology: one emulated stage whose batches of 4 take 68 ms on the "cpu" table (~59
+#: requests/s per consumer); the test fills in NAME and PARTITIONS
+ONE_EMULATED_STAGE = """
+name: NAME
+partitions: PARTITIONS
+deadline_ms: 120000
+nodes:
+  m:
+    component: flowserve.builtin:Accelerator
+    params: {model: resnet50, hardware: cpu, jitter: 0}
+    inputs: {x: input.x}
+outputs: {x: m.x}
+"""
 
 
 class Checked(Component):
