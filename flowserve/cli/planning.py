@@ -252,7 +252,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     host = None
     scaler: Scaler
     if args.kubernetes:
-        scaler = KubernetesScaler(topology.name, args.kubernetes)
+        scaler = KubernetesScaler(topology.name, args.kubernetes, topics=topology.topics())
         scaler.load()
     else:
         host = ProcessHost(Path(args.topology), topology, kafka, extra_args=["--plan", args.plan])

@@ -53,7 +53,7 @@ from flowserve.errors import BrokerError, FlowserveError
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost
 from flowserve.topology.graph import Topology
-from flowserve.topology.names import deployment_name
+from flowserve.topology.names import deployment_name, k8s_name
 from flowserve.tuning.curves import TokenBucket, envelope, max_arrivals
 from flowserve.tuning.partitions import PartitionGrowth
 from flowserve.tuning.plan import Plan, StageOptions, stage_options
@@ -257,12 +257,17 @@ class KubernetesScaler:
     autoscaler owns the Deployment's replicas and would undo a ``kubectl scale`` at its next poll. The
     tuner then pins the ScaledObject's ``minReplicaCount`` and ``maxReplicaCount`` to its count instead.
     :meth:`load` reads where the stages stand first; a ``kubectl`` that fails is logged and the stage left
-    as it was (the controller asks again after its settle time)."""
+    as it was (the controller asks again after its settle time). After the tuner grows the partitions of
+    ``topics`` (``--max-partitions``), their Strimzi KafkaTopics are set to the new count, so that what the
+    cluster declares matches what Kafka has (Strimzi cannot take partitions away, and would report the
+    topics not ready)."""
 
-    def __init__(self, topology: str, namespace: str = "default", kubectl: str = "kubectl") -> None:
+    def __init__(self, topology: str, namespace: str = "default", kubectl: str = "kubectl",
+                 topics: Sequence[str] = ()) -> None:
         self.topology = topology
         self.namespace = namespace
         self.kubectl = kubectl
+        self.topics = list(topics)
         self._replicas: dict[str, int] = {}
         self._keda: set[str] = set()
 
@@ -315,7 +320,13 @@ class KubernetesScaler:
         self._replicas[stage] = consumers
 
     def grown(self, partitions: int) -> None:
-        pass  # the Deployments' workers subscribe to their topics: they follow the growth on their own
+        # the Deployments' workers subscribe to their topics and follow the growth on their own
+        for topic in self.topics:
+            pin = json.dumps({"spec": {"partitions": partitions}})
+            try:
+                self._kubectl("patch", f"kafkatopics.kafka.strimzi.io/{k8s_name(topic)}", "--type", "merge", "-p", pin)
+            except (FlowserveError, subprocess.TimeoutExpired) as exc:
+                log.error("tuner: KafkaTopic of %s not set to %d partitions: %s", topic, partitions, exc)
 
 
 async def tail_arrivals(kafka: KafkaSettings, topic: str, partitions: int | range,

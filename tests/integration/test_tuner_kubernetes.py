@@ -170,6 +170,13 @@ def test_the_scaler_sets_the_rendered_deployments_and_pins_keda_where_it_scales(
     asyncio.run(scaler.scale(nodes[-1], 2))  # no ScaledObject: its Deployment
     assert _replicas(topology.name, nodes[-1]) == 2
 
+    # grown partitions (--max-partitions): the topology's KafkaTopics follow, the control topic stays at 1
+    KubernetesScaler(topology.name, "default", topics=topology.topics()).grown(8)
+    declared = {o["spec"]["topicName"]: o["spec"]["partitions"] for o in json.loads(
+        _kubectl("get", "kafkatopics.kafka.strimzi.io", "-l", f"flowserve/topology={topology.name}", "-o", "json"
+                 ).stdout)["items"]}
+    assert declared == {**dict.fromkeys(topology.topics(), 8), topology.control_topic: 1}
+
     with pytest.raises(FlowserveError, match="no Deployments of topology 'digits' in namespace 'nowhere'"):
         KubernetesScaler(topology.name, "nowhere").load()
     # a failing kubectl leaves the stage as it was and the tuner running
