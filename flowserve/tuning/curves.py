@@ -126,10 +126,3 @@ def backlog_bound(family: Sequence[TokenBucket], beta: RateLatency) -> float:
     """Vertical deviation: the most requests queued at the stage (its lag), ``b + r T``; inf when unstable."""
     bounds = [b.burst + b.rate * beta.latency for b in family if b.rate <= beta.rate]
     return min(bounds) if bounds else math.inf
-
-
-def exceeds(live: Sequence[TokenBucket], planned: Sequence[TokenBucket]) -> list[float]:
-    """Window lengths at which the live envelope carries more than the planned one (the tuner's trigger)."""
-    by_window = {b.window: b for b in planned}
-    return [b.window for b in live
-            if b.window in by_window and b.rate * b.window > by_window[b.window].rate * b.window + 1e-9]

@@ -15,7 +15,6 @@ from flowserve.tuning.curves import (
     convolve,
     delay_bound,
     envelope,
-    exceeds,
     max_arrivals,
     service_curve,
     windows,
@@ -105,10 +104,3 @@ def test_convolution_pays_bursts_only_once() -> None:
         s = np.linspace(0, t, 5001)
         numeric = min(b1(float(x)) + b2(t - float(x)) for x in s)
         assert numeric == pytest.approx(chain(t), abs=1e-6 + 1e-3 * chain(t))
-
-
-def test_exceeds_names_the_windows_where_live_traffic_is_above_the_plan() -> None:
-    planned = envelope(np.arange(0, 60, 0.125), service_s=1.0)
-    live = envelope(np.arange(0, 60, 0.0625), service_s=1.0)
-    assert exceeds(live, planned) == [b.window for b in planned]
-    assert exceeds(planned, planned) == []
