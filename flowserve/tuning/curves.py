@@ -64,38 +64,6 @@ def windows(service_s: float, longest: float = MAX_WINDOW_S) -> list[float]:
     return out
 
 
-def drain_rate(arrivals: Sequence[float] | np.ndarray, slack_s: float, grid: float = 1.1
-               ) -> tuple[float, int, float]:
-    """The least rate at which a server drains every window of the trace within ``slack_s`` of its end.
-
-    That is ``max over k of k / (d_k + slack_s)``, with ``d_k`` the shortest span of k consecutive
-    arrivals: the horizontal deviation of the trace's own arrival curve (the most arrivals in any window)
-    from a rate-latency curve, so a rate-latency server ``(R, T)`` fed the trace delays no arrival beyond
-    ``T + slack_s`` exactly when ``R`` is at least this. The token-bucket family bounds that curve from
-    above by admitting each bucket's burst at once (t -> 0+), which on a plain Poisson stream asks for
-    several times the rate. ``k`` is taken on a geometric grid (ratio ``grid``) and each span credited
-    with the next k on it less one, so the rate is at most ``grid`` times too high, never too low.
-    Returns (rate, k, d_k) of the term that decides; (0, 0, 0) without arrivals.
-
-    >>> drain_rate([0.0, 0.0, 0.0, 0.0], slack_s=0.5)  # four at once, drained within half a second
-    (8.0, 4, 0.0)
-    """
-    a = np.sort(np.asarray(arrivals, dtype=float))
-    n = a.size
-    if n == 0:
-        return 0.0, 0, 0.0
-    if slack_s <= 0:
-        return math.inf, 1, 0.0
-    ks = np.unique(np.geomspace(1, n, num=max(2, math.ceil(math.log(n) / math.log(grid)) + 1)).round().astype(int))
-    spans = [float(np.min(a[k - 1:] - a[:n - k + 1])) for k in ks]
-    best = (n / (spans[-1] + slack_s), n, spans[-1])
-    for k_next, span in zip(ks[1:], spans, strict=False):
-        rate = (k_next - 1) / (span + slack_s)  # windows from d_k up to d_{k_next} hold fewer than k_next
-        if rate > best[0]:
-            best = (rate, int(k_next - 1), span)
-    return best
-
-
 def max_arrivals(arrivals: np.ndarray, window: float) -> int:
     """The most arrivals in any window ``[t, t + window)`` (``arrivals`` sorted, in seconds)."""
     a = np.asarray(arrivals, dtype=float)

@@ -4,12 +4,11 @@ InferLine's high-frequency tuner, in network-calculus terms (:mod:`flowserve.tun
 second the controller takes the arrivals of the last ``horizon_s`` seconds (the inputs topic's record
 timestamps) and asks, per stage, how many consumers it needs, by one of two rules:
 
-- ``bound`` (the default), **on the delay bound**: the live arrivals' own arrival curve, scaled by each
+- ``bound`` (the default), **on the delay bound**: the live token-bucket envelope, scaled by each
   stage's share of the traffic (a cascade's expensive stage sees only its unsure share), against the
-  stage's rate-latency service curve ``R = c n / (l(n) + o)``, ``T = l(n) + o`` (``o`` the plan's
-  per-batch overhead): the fewest ``c`` whose delay bound stays within the stage's share of the SLO
-  (:func:`~flowserve.tuning.curves.drain_rate`). The bound is the worst case of every burst in the
-  horizon, so it provisions for more than a p99 needs.
+  stage's rate-latency service curve ``R = c n / l(n)``, ``T = l(n)``: the fewest ``c`` whose delay bound
+  ``T + b / R`` stays within the stage's share of the SLO and whose ``R`` covers every window's rate. The
+  bound is the worst case of every burst, so it provisions for more than a p99 needs.
 - ``relative``, **to the plan** (plans made by ``flowserve plan`` keep the envelope of their trace): the plan
   meets the SLO for that trace, so a stage needs its planned consumers times the most by which the live
   envelope (the most arrivals in any window of each length, doubling from the slowest stage's batch time)
@@ -55,7 +54,7 @@ from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost
 from flowserve.topology.graph import Topology
 from flowserve.topology.names import deployment_name, k8s_name
-from flowserve.tuning.curves import drain_rate, max_arrivals
+from flowserve.tuning.curves import TokenBucket, envelope, max_arrivals
 from flowserve.tuning.partitions import PartitionGrowth
 from flowserve.tuning.plan import Plan, StageOptions, stage_options
 from flowserve.tuning.simulate import batch_time
@@ -86,24 +85,23 @@ class Action:
     reason: str
 
 
-def needed_consumers(arrivals: np.ndarray, target: StageTarget, scale: float = 1.0) -> tuple[int, str]:
-    """Consumers for the stage to bound the delay of ``arrivals`` (times ``scale``) within its SLO share.
-
-    The delay bound of the trace's own arrival curve (:func:`~flowserve.tuning.curves.drain_rate`), not of
-    its token-bucket envelope: that one admits each bucket's burst at once, and on a Poisson stream at
-    the plan's rate asked for 2-3x the plan's consumers (classify 2 -> 5 in ``flowserve bench tuner``)."""
+def needed_consumers(family: Sequence[TokenBucket], target: StageTarget, scale: float = 1.0) -> tuple[int, str]:
+    """Consumers for the stage to bound its delay within its SLO share under ``family`` (times ``scale``)."""
     slack = target.slo_share_s - target.batch_s
     per_consumer = target.batch / target.batch_s
-    if arrivals.size == 0:
+    if not family:
         return 1, "no arrivals"
-    rate, count, span = drain_rate(arrivals, slack)
-    if math.isinf(rate):
+    # alpha is the minimum of the buckets, so each bucket's bound holds: the tightest one decides
+    worst, why = math.inf, ""
+    for b in family:
+        rate, burst = b.rate * scale * target.traffic_share, b.burst * scale * target.traffic_share
+        need = max(rate, burst / slack) if slack > 0 else math.inf
+        if need < worst:
+            worst, why = need, f"window {b.window:.3g} s: rate {rate:.1f}/s, burst {burst:.1f}"
+    if math.isinf(worst):
         return target.max_consumers, f"batch time {target.batch_s * 1000:.1f} ms exceeds the SLO share"
-    need = rate * scale * target.traffic_share
-    c = max(1, math.ceil(need / per_consumer - 1e-9))
-    return min(c, target.max_consumers), (f"{count} arrivals within {span:.3g} s, each drained within "
-                                          f"{slack * 1000:.0f} ms -> needs {need:.1f}/s of "
-                                          f"{per_consumer:.1f}/s per consumer")
+    c = max(1, math.ceil(worst / per_consumer - 1e-9))
+    return min(c, target.max_consumers), f"{why} -> needs {worst:.1f}/s of {per_consumer:.1f}/s per consumer"
 
 
 #: how the controller sizes a stage (see the module docstring)
@@ -158,6 +156,10 @@ class Controller:
     def observe(self, times_s: Sequence[float] | np.ndarray) -> None:
         self._arrivals.extend(float(t) for t in times_s)
 
+    def envelope(self, now: float, shortest: float) -> list[TokenBucket]:
+        live = self._live(now)
+        return envelope(live, shortest, longest=self.horizon_s) if live.size else []
+
     def _live(self, now: float) -> np.ndarray:
         """The arrivals of the last ``horizon_s`` seconds."""
         while self._arrivals and self._arrivals[0] < now - self.horizon_s:
@@ -166,14 +168,13 @@ class Controller:
 
     def decide(self, now: float, current: dict[str, int]) -> list[Action]:
         actions = []
-        live = self._live(now)
-        excess = plan_excess(live, self.planned) if self.planned else None
+        excess = plan_excess(self._live(now), self.planned) if self.planned else None
         for t in self.targets:
             have = current.get(t.id, 1)
             if now - self._last_action.get(t.id, -math.inf) < self.settle_s:
                 continue
             need = (functools.partial(relative_consumers, excess, t) if excess is not None else
-                    functools.partial(needed_consumers, live, t))
+                    functools.partial(needed_consumers, self.envelope(now, min(t.batch_s, self.horizon_s / 2)), t))
             up, why = need(scale=1.0)
             if up > have:
                 self._below_since.pop(t.id, None)
@@ -208,9 +209,7 @@ def targets_from_plan(options: Sequence[StageOptions], plan: Plan) -> list[Stage
                 up = next(x for x in options if x.id == src)
                 parts.append(share[src] * up.fractions.get(port, 1.0))
         share[o.id] = (sum(parts) if o.join == "any" else min(parts)) if parts else 1.0
-    # a consumer's cycle per batch: the device's batch time and what the worker spends around it
-    times = {o.id: batch_time(o.tables[plan.stages[o.id].hardware], plan.stages[o.id].max_batch)
-             + plan.overhead_ms / 1000 for o in options}
+    times = {o.id: batch_time(o.tables[plan.stages[o.id].hardware], plan.stages[o.id].max_batch) for o in options}
     budget = plan.slo_ms / 1000 - plan.hop_ms / 1000 * (len(options) + 1)
     # each stage gets its batch time plus an equal part of the queueing slack: a share proportional to
     # batch time would leave a sub-millisecond stage no room for the bursts a produce batch makes

@@ -14,7 +14,6 @@ from flowserve.tuning.curves import (
     backlog_bound,
     convolve,
     delay_bound,
-    drain_rate,
     envelope,
     max_arrivals,
     service_curve,
@@ -105,37 +104,3 @@ def test_convolution_pays_bursts_only_once() -> None:
         s = np.linspace(0, t, 5001)
         numeric = min(b1(float(x)) + b2(t - float(x)) for x in s)
         assert numeric == pytest.approx(chain(t), abs=1e-6 + 1e-3 * chain(t))
-
-
-def _fluid_delays(arrivals: np.ndarray, rate: float) -> np.ndarray:
-    """Each arrival's wait at a FIFO server of ``rate`` requests/s: the longest it takes to serve the
-    arrivals of any window ending with it, less the window's span."""
-    a = np.sort(arrivals)
-    return np.array([max((i - j + 1) / rate - (a[i] - a[j]) for j in range(i + 1)) for i in range(a.size)])
-
-
-def test_drain_rate_against_closed_forms() -> None:
-    # n arrivals every 1/lam: the k-th window spans (k - 1) / lam, so R = max_k k / ((k - 1) / lam + s)
-    lam, n = 100.0, 400
-    periodic = np.arange(n) / lam
-    assert drain_rate(periodic, 0.5, grid=1.0001)[0] == pytest.approx(lam * n / (n - 1 + lam * 0.5))
-    assert drain_rate(periodic, 0.005, grid=1.0001)[0] == pytest.approx(1 / 0.005)  # lam s < 1: one at a time
-    assert drain_rate(np.zeros(10), 0.25)[:2] == (40.0, 10)  # a burst, drained within the slack
-    assert drain_rate(np.zeros(0), 0.25) == (0.0, 0, 0.0)
-    assert drain_rate(periodic, 0.0)[0] == math.inf
-
-
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_drain_rate_is_what_a_fluid_server_needs_and_tighter_than_the_token_buckets(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.gamma(1 / 16, 16 / 50, 300))  # bursty: CV 4 at 50/s
-    slack = 0.2
-    rate = drain_rate(arrivals, slack, grid=1.0001)[0]
-    assert _fluid_delays(arrivals, rate).max() <= slack + 1e-9  # enough
-    assert _fluid_delays(arrivals, rate * 0.99).max() > slack  # and no more than enough
-    assert drain_rate(arrivals, slack)[0] == pytest.approx(rate, rel=0.1)  # the default grid: within 10%
-    assert drain_rate(arrivals, slack)[0] >= rate - 1e-9
-    # the token-bucket family admits each burst at once: it needs more
-    family = envelope(arrivals, service_s=0.05)
-    assert min(max(b.rate, b.burst / slack) for b in family) > rate
-
