@@ -225,7 +225,7 @@ class Scaler(Protocol):
 
     async def scale(self, stage: str, consumers: int) -> None: ...
 
-    def grown(self, partitions: int) -> None:
+    async def grown(self, partitions: int) -> None:
         """The topology now has ``partitions`` partitions (see :class:`PartitionGrowth`)."""
 
 
@@ -244,7 +244,7 @@ class LocalScaler:
         while self.host.alive().get(stage, 0) > consumers:
             await asyncio.to_thread(self.host.retire, stage)
 
-    def grown(self, partitions: int) -> None:
+    async def grown(self, partitions: int) -> None:
         # the host warns when a stage has more consumers than partitions: it must know the new count
         self.host.topology = self.host.topology.with_partitions(partitions)
 
@@ -319,12 +319,13 @@ class KubernetesScaler:
             return
         self._replicas[stage] = consumers
 
-    def grown(self, partitions: int) -> None:
+    async def grown(self, partitions: int) -> None:
         # the Deployments' workers subscribe to their topics and follow the growth on their own
+        pin = json.dumps({"spec": {"partitions": partitions}})
         for topic in self.topics:
-            pin = json.dumps({"spec": {"partitions": partitions}})
-            try:
-                self._kubectl("patch", f"kafkatopics.kafka.strimzi.io/{k8s_name(topic)}", "--type", "merge", "-p", pin)
+            try:  # off the event loop, as scale's: the tuner's tails and action log run on it
+                await asyncio.to_thread(self._kubectl, "patch", f"kafkatopics.kafka.strimzi.io/{k8s_name(topic)}",
+                                        "--type", "merge", "-p", pin)
             except (FlowserveError, subprocess.TimeoutExpired) as exc:
                 log.error("tuner: KafkaTopic of %s not set to %d partitions: %s", topic, partitions, exc)
 
@@ -388,7 +389,7 @@ async def apply_growth(growth: PartitionGrowth, action: Action, scaler: Scaler,
         growth.limit = growth.partitions
     if growth.partitions > before:
         log.warning("partitions %d -> %d for stage %s: %s", before, growth.partitions, action.stage, action.reason)
-        scaler.grown(growth.partitions)
+        await scaler.grown(growth.partitions)
         if on_grow is not None:
             await on_grow(before, growth.partitions, action)
     if action.after <= growth.partitions:
@@ -474,8 +475,6 @@ class ActionLog:
                                                 "reason": f"{action.stage} needs {action.after}: {action.reason}"})
 
     def _publish(self, stage: str, at: float, what: dict[str, object]) -> None:
-        import json
-
         body = {"ts_ms": int(at * 1000), "source": "tuner", "node": stage, "action": what}
         send = asyncio.ensure_future(self._producer.send_and_wait(
             self.topology.actions_topic, json.dumps(body).encode(), key=stage.encode()))

@@ -171,7 +171,7 @@ def test_the_scaler_sets_the_rendered_deployments_and_pins_keda_where_it_scales(
     assert _replicas(topology.name, nodes[-1]) == 2
 
     # grown partitions (--max-partitions): the topology's KafkaTopics follow, the control topic stays at 1
-    KubernetesScaler(topology.name, "default", topics=topology.topics()).grown(8)
+    asyncio.run(KubernetesScaler(topology.name, "default", topics=topology.topics()).grown(8))
     declared = {o["spec"]["topicName"]: o["spec"]["partitions"] for o in json.loads(
         _kubectl("get", "kafkatopics.kafka.strimzi.io", "-l", f"flowserve/topology={topology.name}", "-o", "json"
                  ).stdout)["items"]}

@@ -47,6 +47,18 @@ def _pacer(client: TopologyClient, futures: dict[str, asyncio.Future], sent: dic
     return send
 
 
+async def _answered_once(client: TopologyClient, futures: dict[str, asyncio.Future],
+                         sent: dict[str, np.ndarray]) -> None:
+    """Every request ``_pacer`` sent came back, without an error, with its own input, and only once."""
+    _, pending = await asyncio.wait(futures.values(), timeout=120)
+    assert not pending, f"{len(pending)} of {len(futures)} requests never came back"
+    for rid, future in futures.items():
+        reply = future.result()
+        assert reply.error is None, f"{rid}: {reply.error}"
+        np.testing.assert_array_equal(reply.tensors["x"], sent[rid])
+    assert client.duplicates == 0
+
+
 async def _deployed(kafka: object, write_topology: Callable[[str], Path], tmp_path: Path, *, partitions: int
                     ) -> tuple[Topology, Plan, ProcessHost]:
     """The one-stage topology on ``partitions``, planned at one consumer with batches of 4, its worker started."""
@@ -99,13 +111,7 @@ async def test_tuner_adds_a_consumer_on_a_step_and_removes_it_after_the_hold(
             assert host.alive() == {"m": 1}
             stop.set()
             await tuner
-            done, pending = await asyncio.wait(futures.values(), timeout=120)
-            assert not pending, f"{len(pending)} of {len(futures)} requests never came back"
-            for rid, future in futures.items():
-                reply = future.result()
-                assert reply.error is None, f"{rid}: {reply.error}"
-                np.testing.assert_array_equal(reply.tensors["x"], sent[rid])
-            assert client.duplicates == 0
+            await _answered_once(client, futures, sent)
         # every action is on the topology's actions topic too (flowserve ui shows them)
         published = await inspect_records(kafka, f"{topology.name}.actions", last=100, timeout_s=10)
         assert [(r.body["node"], r.body["action"]["consumers"]) for r in published] == \
@@ -163,13 +169,7 @@ async def test_a_stage_scales_past_the_partitions_by_growing_every_topic(
             assert host.alive()["m"] == peak
             stop.set()
             await tuner
-            done, pending = await asyncio.wait(futures.values(), timeout=120)
-            assert not pending, f"{len(pending)} of {len(futures)} requests never came back"
-            for rid, future in futures.items():
-                reply = future.result()
-                assert reply.error is None, f"{rid}: {reply.error}"
-                np.testing.assert_array_equal(reply.tensors["x"], sent[rid])
-            assert client.duplicates == 0
+            await _answered_once(client, futures, sent)
             # a gateway started before the growth follows it too: its reply topic grows, and its requests
             # (one partition per batch, round robin) reach every partition and come back
             bridge = KafkaBridge([topology], kafka, "g" + topology.name)

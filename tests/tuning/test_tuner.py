@@ -172,7 +172,11 @@ def _run_grow(growth: PartitionGrowth, before: int, after: int) -> tuple[Action 
     told: list[int] = []
     follows: list[tuple] = []
     scaler = LocalScaler(None)  # type: ignore[arg-type]
-    scaler.grown = told.append  # type: ignore[method-assign]
+
+    async def grown(partitions: int) -> None:
+        told.append(partitions)
+
+    scaler.grown = grown  # type: ignore[method-assign]
 
     async def on_grow(a: int, b: int, action: Action) -> None:
         follows.append((a, b))
