@@ -162,9 +162,17 @@ async def test_a_stage_scales_past_the_partitions_by_growing_every_topic(
             # the client notices the growth from its producer's metadata (at most 10 s old), then sends on
             await send(150, lambda: client.partitions > 1, 3000)
             await send(150, lambda: False, 300)
+            # a later growth (2 -> 4 when a third consumer is wanted) reaches the client the same way
+            inputs = (await describe_partitions(kafka, [topology.inputs_topic]))[topology.inputs_topic]
+            await send(150, lambda: client.partitions == inputs, 3000)
             grown = await describe_partitions(kafka, topology.topics())
             peak = max(a.after for a in actions)
-            assert peak >= 2 and set(grown.values()) == {min(4, max(2, peak))}, (actions, grown)
+            # each growth at least doubles the count (one rebalance per growth), capped at 4
+            expected = 1
+            for action in actions:
+                if action.after > expected:
+                    expected = min(4, max(action.after, 2 * expected))
+            assert peak >= 2 and set(grown.values()) == {expected}, (actions, grown)
             assert client.partitions == grown[topology.inputs_topic]
             assert host.alive()["m"] == peak
             stop.set()
