@@ -156,11 +156,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from flowserve.learning import version_hooks
     from flowserve.parity import parity_hooks
     from flowserve.runtime.hooks import chain
-    from flowserve.runtime.process import wait_as_standby, watch_parent, worker_process
+    from flowserve.runtime.process import watch_parent, worker_process
     from flowserve.selection import selection_hooks
 
-    if args.standby and not wait_as_standby(_warm_worker_imports):
-        return 0  # stopped before it was promoted
     settings = worker_process(topology, args.node, settings)  # OS priority: side branches yield the CPU
     watch_parent()  # a worker whose host was killed outright stops itself
     kafka = _kafka(args.broker)
@@ -182,14 +180,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     return 0
-
-
-def _warm_worker_imports() -> None:
-    """What a standby worker imports before it waits: most of a worker's start-up CPU."""
-    import aiokafka  # noqa: F401
-    import faust  # noqa: F401
-    import mode  # noqa: F401
-    import opentelemetry.sdk.metrics  # noqa: F401
 
 
 def cmd_control(args: argparse.Namespace) -> int:
@@ -366,9 +356,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", choices=["faust", "asyncio"], default="faust",
                    help="process host: faust (control-topic agent, lifecycle) or a bare asyncio loop")
     p.add_argument("--plan", help="apply a plan file (flowserve plan): batch and hardware of this node")
-    p.add_argument("--standby", action="store_true",
-                   help="import, then wait for SIGUSR1 before joining the stage (a host's warm spare for "
-                        "scaling out)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_worker)
 

@@ -22,7 +22,7 @@ from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.kafka.shutdown import bounded
 from flowserve.runtime.batching import BatchPolicy
 from flowserve.runtime.hooks import HookFactory, no_hooks
-from flowserve.runtime.process import PARENT_PID_ENV, PROMOTE, standby_supported
+from flowserve.runtime.process import PARENT_PID_ENV
 from flowserve.runtime.worker import StageWorker
 from flowserve.topology.capture import topic_configs
 from flowserve.topology.graph import Topology
@@ -110,8 +110,6 @@ class ProcessHost:
     log_dir: Path | None = None
     extra_args: list[str] = field(default_factory=list)
     procs: dict[str, list[subprocess.Popen[bytes]]] = field(default_factory=dict)
-    #: warm spares (``flowserve worker --standby``), per node: started, not in the group, not counted
-    standby: dict[str, list[subprocess.Popen[bytes]]] = field(default_factory=dict)
 
     def command(self, node_id: str) -> list[str]:
         return [sys.executable, "-m", "flowserve", "worker", str(self.topology_path), node_id,
@@ -127,45 +125,14 @@ class ProcessHost:
         env[PARENT_PID_ENV] = str(os.getpid())  # a worker whose host is killed stops itself (watch_parent)
         return env
 
-    def _popen(self, node_id: str, name: str, *, standby: bool = False) -> subprocess.Popen[bytes]:
+    def spawn(self, node_id: str) -> subprocess.Popen[bytes]:
         out: int | object = subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            out = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        command = [*self.command(node_id), *(["--standby"] if standby else [])]
-        # A child inherits the blocked-signal mask of the thread that starts it: a standby has PROMOTE
-        # blocked from its first instruction, so a promotion sent before it reaches its wait is kept
-        # pending for that wait instead of ending it (the signal's default action).
-        masked = signal.pthread_sigmask(signal.SIG_BLOCK, {PROMOTE}) if standby else None
-        try:
-            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,  # type: ignore[arg-type]
-                                    env=self.environment())
-        finally:
-            if masked is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, masked)
-
-    def prepare(self, node_id: str, count: int = 1) -> None:
-        """Keep ``count`` warm spares of ``node_id`` (``flowserve worker --standby``, see
-        :func:`~flowserve.runtime.process.wait_as_standby`): the next :meth:`spawn` promotes one instead of
-        starting a process. Where standby is unsupported, nothing."""
-        if not standby_supported():
-            return
-        spares = self.standby.setdefault(node_id, [])
-        spares[:] = [p for p in spares if p.poll() is None]
-        while len(spares) < count:
-            n = len(self.procs.get(node_id, [])) + len(spares)
-            spares.append(self._popen(node_id, f"{node_id}-{n}-standby", standby=True))
-
-    def spawn(self, node_id: str) -> subprocess.Popen[bytes]:
-        """Start a worker of ``node_id``: a warm spare, promoted, if :meth:`prepare` left one alive."""
-        spares = self.standby.get(node_id, [])
-        ready = next((p for p in spares if p.poll() is None), None)
-        if ready is not None:
-            spares.remove(ready)
-            ready.send_signal(PROMOTE)
-            proc = ready
-        else:
-            proc = self._popen(node_id, f"{node_id}-{len(self.procs.get(node_id, []))}")
+            n = len(self.procs.get(node_id, []))
+            out = open(self.log_dir / f"{node_id}-{n}.log", "ab")  # noqa: SIM115 - owned by the child
+        proc = subprocess.Popen(self.command(node_id), stdout=out, stderr=subprocess.STDOUT,  # type: ignore[arg-type]
+                                env=self.environment())
         self.procs.setdefault(node_id, []).append(proc)
         warn_idle_replicas(self.topology, node_id, sum(p.poll() is None for p in self.procs[node_id]))
         return proc
@@ -209,7 +176,7 @@ class ProcessHost:
         self.procs[node_id].remove(proc)
 
     def stop(self, timeout: float = 10.0) -> None:
-        procs = [p for ps in (*self.procs.values(), *self.standby.values()) for p in ps]
+        procs = [p for ps in self.procs.values() for p in ps]
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

@@ -118,39 +118,3 @@ def watch_parent(expected: int | None = None, *, poll_s: float = PARENT_POLL_S, 
     thread = threading.Thread(target=watch, name="flowserve-watch-parent", daemon=True)
     thread.start()
     return thread
-
-
-#: the signal a host sends a standby worker to make it join its stage (see :func:`wait_as_standby`)
-PROMOTE = signal.SIGUSR1
-_STANDBY_SIGNALS = {PROMOTE, signal.SIGTERM, signal.SIGINT}
-
-
-def standby_supported() -> bool:
-    return hasattr(signal, "sigtimedwait") and hasattr(signal, "pthread_sigmask")
-
-
-def wait_as_standby(warm: Callable[[], None] = lambda: None, *, poll_s: float = PARENT_POLL_S) -> bool:
-    """Hold a started worker process back from its stage until its host promotes it; True once promoted,
-    False if it was told to stop (or its host went) first.
-
-    Starting a worker costs about a second of CPU (imports, the faust app, clients), which a local scale-out
-    would otherwise pay just when its stage is behind, on the cores the stage's workers use. A standby pays
-    the imports (``warm``) ahead, then waits without joining the consumer group or loading its model, so it
-    holds no partitions and no device; :data:`PROMOTE` (``SIGUSR1``) lets it go on as any worker does.
-    Call it before any thread is started: the signals are blocked in this thread and waited for with
-    ``sigtimedwait``, and a thread started before would take them with their default action (exit)."""
-    if not standby_supported():  # not Linux: start at once, as a plain worker
-        return True
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STANDBY_SIGNALS)
-    try:
-        warm()
-        parent = os.environ.get(PARENT_PID_ENV, "")
-        while True:
-            got = signal.sigtimedwait(_STANDBY_SIGNALS, poll_s)
-            if got is not None:
-                return got.si_signo == PROMOTE
-            if parent.isdigit() and os.getppid() != int(parent):
-                log.warning("the process that started this standby worker (pid %s) is gone; stopping", parent)
-                return False
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STANDBY_SIGNALS)

@@ -230,37 +230,19 @@ class Scaler(Protocol):
 
 
 class LocalScaler:
-    """Starts and stops local ``flowserve worker`` processes through a ProcessHost.
+    """Starts and stops local ``flowserve worker`` processes through a ProcessHost."""
 
-    A new worker process costs about a second of CPU to start, which a scale-out would pay on the cores
-    its stage's workers use just when the stage is behind; so each stage keeps ``spares`` warm standby
-    processes (:meth:`ProcessHost.prepare`: imported, outside the group, holding no device) that a
-    scale-out promotes at once, and the spares used are replaced ``restock_s`` later, once the stage has
-    caught up. ``spares=0``: cold starts only."""
-
-    def __init__(self, host: ProcessHost, *, spares: int = 2, restock_s: float = 10.0) -> None:
+    def __init__(self, host: ProcessHost) -> None:
         self.host = host
-        self.spares = spares
-        self.restock_s = restock_s
-        for stage in host.topology.nodes:
-            self._restock(stage)
-
-    def _restock(self, stage: str) -> None:
-        if self.spares:
-            self.host.prepare(stage, self.spares)
 
     def current(self) -> dict[str, int]:
         return {n: c for n, c in self.host.alive().items()}
 
     async def scale(self, stage: str, consumers: int) -> None:
-        grew = False
         while self.host.alive().get(stage, 0) < consumers:
             self.host.spawn(stage)
-            grew = True
         while self.host.alive().get(stage, 0) > consumers:
             await asyncio.to_thread(self.host.retire, stage)
-        if grew and self.spares:
-            asyncio.get_running_loop().call_later(self.restock_s, self._restock, stage)
 
     async def grown(self, partitions: int) -> None:
         # the host warns when a stage has more consumers than partitions: it must know the new count

@@ -85,39 +85,3 @@ def test_watch_parent_without_a_parent_to_watch_starts_nothing(monkeypatch: pyte
 
     monkeypatch.delenv(PARENT_PID_ENV, raising=False)
     assert watch_parent() is None
-
-
-STANDBY = """
-import sys
-from flowserve.runtime.process import wait_as_standby
-print("promoted" if wait_as_standby(lambda: print("warm", flush=True)) else "stopped", flush=True)
-"""
-
-
-@pytest.mark.skipif(not __import__("flowserve.runtime.process", fromlist=["x"]).standby_supported(),
-                    reason="standby needs sigtimedwait (Linux)")
-@pytest.mark.parametrize("sig, expect", [("PROMOTE", "promoted"), ("SIGTERM", "stopped")])
-def test_a_standby_waits_until_promoted_or_stopped(sig: str, expect: str) -> None:
-    import signal
-
-    from flowserve.runtime.process import PROMOTE
-
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    # as ProcessHost starts one: the promotion signal blocked from the start, so sending it at once, before
-    # the child has even imported flowserve, is not fatal: it waits, pending, for the standby's wait
-    masked = signal.pthread_sigmask(signal.SIG_BLOCK, {PROMOTE})
-    try:
-        child = subprocess.Popen([sys.executable, "-c", STANDBY], stdout=subprocess.PIPE, text=True, env=env)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, masked)
-    try:
-        first = ""
-        if sig != "PROMOTE":  # a stop is only blocked once the standby waits: send it after the warm-up
-            assert child.stdout is not None
-            first = child.stdout.readline()
-        child.send_signal(PROMOTE if sig == "PROMOTE" else getattr(signal, sig))
-        out, _ = child.communicate(timeout=60)
-    finally:
-        child.kill()
-    assert child.returncode == 0
-    assert (first + out).split() == ["warm", expect]
