@@ -49,7 +49,7 @@ from typing import Protocol
 
 import numpy as np
 
-from flowserve.errors import BrokerError, FlowserveError
+from flowserve.errors import BrokerError, ErrorKind, FlowserveError
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost
 from flowserve.topology.graph import Topology
@@ -179,8 +179,9 @@ class Controller:
             if up > have:
                 self._below_since.pop(t.id, None)
                 self._last_action[t.id] = now
-                # the bound reads every burst as the worst case, so it steps at most doubling, seeing each
-                # step's effect; the relative rule scales from a plan shown to hold, so it goes at once
+                # the bound reads every burst as the worst case, and a burst has often passed before the next
+                # step, so it steps at most doubling (going to the need at once measured no better:
+                # docs/benchmarks.md); the relative rule scales from a plan shown to hold, so it goes at once
                 # (each step costs a rebalance)
                 actions.append(Action(t.id, have, up if excess is not None else min(up, 2 * have), now, why))
                 continue
@@ -272,11 +273,16 @@ class KubernetesScaler:
         self._keda: set[str] = set()
 
     def _kubectl(self, *args: str) -> str:
-        done = subprocess.run([self.kubectl, "-n", self.namespace, *args], capture_output=True, text=True,
-                              timeout=60, check=False)
+        """Run ``kubectl -n <namespace> args``; its output, or a FlowserveError saying why not (it failed,
+        hung for a minute, or is not installed)."""
+        what = f"kubectl {args[0]} {args[1]} in namespace '{self.namespace}'"
+        try:
+            done = subprocess.run([self.kubectl, "-n", self.namespace, *args], capture_output=True, text=True,
+                                  timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise FlowserveError(f"{what}: {exc}", kind=ErrorKind.UNAVAILABLE) from exc
         if done.returncode != 0:
-            raise FlowserveError(f"kubectl {args[0]} {args[1]} in namespace '{self.namespace}': "
-                                 f"{done.stderr.strip() or f'exit status {done.returncode}'}")
+            raise FlowserveError(f"{what}: {done.stderr.strip() or f'exit status {done.returncode}'}")
         return done.stdout
 
     def load(self) -> None:
@@ -314,7 +320,7 @@ class KubernetesScaler:
             args = ("scale", f"deployment/{name}", f"--replicas={consumers}")
         try:
             await asyncio.to_thread(self._kubectl, *args)
-        except (FlowserveError, subprocess.TimeoutExpired) as exc:
+        except FlowserveError as exc:
             log.error("tuner: could not scale %s to %d: %s", stage, consumers, exc)
             return
         self._replicas[stage] = consumers
@@ -326,7 +332,7 @@ class KubernetesScaler:
             try:  # off the event loop, as scale's: the tuner's tails and action log run on it
                 await asyncio.to_thread(self._kubectl, "patch", f"kafkatopics.kafka.strimzi.io/{k8s_name(topic)}",
                                         "--type", "merge", "-p", pin)
-            except (FlowserveError, subprocess.TimeoutExpired) as exc:
+            except FlowserveError as exc:
                 log.error("tuner: KafkaTopic of %s not set to %d partitions: %s", topic, partitions, exc)
 
 
