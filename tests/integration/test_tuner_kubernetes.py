@@ -27,6 +27,7 @@ from flowserve.client import TopologyClient
 from flowserve.deploy.render import Plan as DeployPlan
 from flowserve.deploy.render import kubernetes
 from flowserve.errors import FlowserveError
+from flowserve.kafka.brokers.process import dies_with_us
 from flowserve.runtime.host import create_topology_topics
 from flowserve.topology import Topology, load_topology
 from flowserve.topology.names import deployment_name
@@ -58,10 +59,9 @@ def _port() -> int:
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    # setpriv: the child dies with this process even if the test run is killed
-    prefix = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
+    # as the brokers start theirs: the child dies with this process even if the test run is killed
     with log.open("wb") as out:
-        return subprocess.Popen([*prefix, *args], stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(dies_with_us(args), stdout=out, stderr=subprocess.STDOUT)
 
 
 def _kubectl(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:

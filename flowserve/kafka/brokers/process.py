@@ -89,7 +89,7 @@ def free_port() -> int:
 # --- processes -------------------------------------------------------------------------------------
 
 
-def _dies_with_us(argv: list[str]) -> list[str]:
+def dies_with_us(argv: list[str]) -> list[str]:
     """``argv`` run so that the broker gets SIGTERM when this process dies, even by SIGKILL: a ``flowserve
     run`` killed outright otherwise leaves its JVM (some 400 MB) running, re-parented to init, for good.
 
@@ -115,7 +115,7 @@ class _Node:
     def launch(self) -> None:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                _dies_with_us(self.argv),
+                dies_with_us(self.argv),
                 cwd=self.cwd,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
