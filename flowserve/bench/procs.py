@@ -67,3 +67,24 @@ def with_children(pids: Iterable[int]) -> list[int]:
 def cpu_of(pids: Iterable[int]) -> float:
     """CPU seconds (user + system) of these processes together (0 for those gone)."""
     return sum(cpu_seconds(p) for p in pids)
+
+
+def jit_cpu(pids: Iterable[int]) -> float:
+    """CPU seconds of the JIT compiler threads of these processes (JVMs name them ``C1/C2 CompilerThread<n>``;
+    0 for a process that is not a JVM): how much a broker is still compiling its hot paths."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                if not (task / "comm").read_text().startswith(("C1 Compiler", "C2 Compiler")):
+                    continue
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total

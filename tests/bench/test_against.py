@@ -38,7 +38,7 @@ async def test_against_a_second_gateway(broker: Any, write_topology: Any, tmp_pa
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "flowserve", "bench", "gateway", "--broker", kafka.bootstrap,
             "--against", other.url, "--topology", str(path), "--levels", "2", "--rates", "20",
-            "--rounds", "2", "--slice-seconds", "0.3", cwd=tmp_path, env=env,
+            "--rounds", "2", "--slice-seconds", "0.3", "--warm-max-seconds", "2", cwd=tmp_path, env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), 300)
     assert proc.returncode == 0, err.decode()[-3000:]
