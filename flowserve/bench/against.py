@@ -110,7 +110,7 @@ class Comparison:
         return out
 
 
-#: before the first load, flowserve is driven until its broker's JIT compiler uses under this share of a core
+#: the warm-up before the first load goes on until the broker's JIT compiler uses under this share of a core
 JIT_QUIET = 0.05
 
 
@@ -120,11 +120,11 @@ async def _until_compiled(targets: dict[str, Target], bodies: list[bytes], concu
     for at most ``max_s`` seconds of flowserve's load.
 
     A fresh Kafka JVM compiles its hot paths for tens of seconds under load, and on two cores its compiler
-    threads took more CPU per request than the broker's own request handling (measured at c32: 448 us of
-    the broker's 869 after a 6-s warm-up, 16 of 201 after 40 s). Measuring then would charge flowserve for
-    the broker's start-up, not its steady state, which is what a server that runs for days has. The other
-    server gets the same load for the same time, so neither side is measured colder. A broker that is not
-    a JVM (or not on this machine) shows no compiler threads and is not waited for.
+    threads can take more CPU per request than the broker's own request handling (docs/benchmarks.md,
+    "With the broker's JIT warm"). Measuring then would charge flowserve for the broker's start-up, not
+    the steady state a server that runs for days has. The other server gets the same load for the same
+    time, so neither side is measured colder. A broker that is not a JVM (or not on this machine) shows no
+    compiler threads and is not waited for.
     """
     driven, busy = 0.0, 0.0
     while driven < max_s:

@@ -19,5 +19,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gateway-processes", type=int, default=1,
                    help="gateway --against: flowserve gateway processes sharing the port (default 1)")
     p.add_argument("--warm-max-seconds", type=float, default=90.0, metavar="S",
-                   help="gateway --against: before the first level, drive flowserve until its broker's JIT "
-                        "compiler is quiet, for at most S seconds (default 90; 0: no such warm-up)")
+                   help="gateway --against: before the first level, drive both sides in turn until the broker's "
+                        "JIT compiler is quiet, for at most S seconds (default 90; 0: no such warm-up)")
