@@ -35,8 +35,14 @@ def cpu_seconds(pid: int | None = None) -> float:
     if pid is None:
         r = resource.getrusage(resource.RUSAGE_SELF)
         return r.ru_utime + r.ru_stime
+    return stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def stat_cpu_seconds(stat: Path) -> float:
+    """CPU seconds (user + system) a ``/proc`` stat file reports: a process's (``/proc/<pid>/stat``) or one
+    thread's (``/proc/<pid>/task/<tid>/stat``); 0.0 when it cannot be read (gone)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat.read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

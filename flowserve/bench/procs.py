@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from flowserve.bench.common import cpu_seconds
+from flowserve.bench.common import cpu_seconds, stat_cpu_seconds
 
 _LISTEN = "0A"
 
@@ -72,7 +72,6 @@ def cpu_of(pids: Iterable[int]) -> float:
 def jit_cpu(pids: Iterable[int]) -> float:
     """CPU seconds of the JIT compiler threads of these processes (JVMs name them ``C1/C2 CompilerThread<n>``;
     0 for a process that is not a JVM): how much a broker is still compiling its hot paths."""
-    tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for pid in pids:
         try:
@@ -81,10 +80,9 @@ def jit_cpu(pids: Iterable[int]) -> float:
             continue
         for task in tasks:
             try:
-                if not (task / "comm").read_text().startswith(("C1 Compiler", "C2 Compiler")):
-                    continue
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                compiler = (task / "comm").read_text().startswith(("C1 Compiler", "C2 Compiler"))
             except OSError:
                 continue
-            total += (int(fields[11]) + int(fields[12])) / tick
+            if compiler:
+                total += stat_cpu_seconds(task / "stat")
     return total
