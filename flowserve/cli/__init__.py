@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -151,7 +152,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise FlowserveError(f"topology '{topology.name}' has no node '{args.node}' "
                              f"(nodes: {', '.join(topology.nodes)})")
 
-    settings = WorkerSettings(stats_interval_s=args.stats_interval)
+    settings = WorkerSettings(stats_interval_s=args.stats_interval,
+                              event_loop=os.environ.get("FLOWSERVE_WORKER_EVENT_LOOP", "auto"))
     from flowserve.capture import capture_hooks
     from flowserve.learning import version_hooks
     from flowserve.parity import parity_hooks
@@ -178,7 +180,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, worker.stop)
         await worker.run()
 
-    asyncio.run(main())
+    from flowserve.runtime.eventloop import run
+
+    run(main(), settings.event_loop)
     return 0
 
 

@@ -105,6 +105,8 @@ class WorkerSettings(BaseModel):
         "replaying retained inputs computes every request whatever its deadline)")
     stats_interval_s: float = Field(0.0, ge=0, description="log counters this often (0: only at exit)")
     metrics_interval_s: float = Field(2.0, ge=0, description="publish a metrics snapshot this often (0: never)")
+    event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
+        "auto", description="the worker process's event loop; auto: uvloop when installed")
     inline_below_ms: float = Field(
         1.0, ge=0, description="run an offloading component on the event loop while its batches take less than"
         " this (a thread handoff costs more than a sub-millisecond model; 0: always offload)")

@@ -35,3 +35,13 @@ def run(main: Coroutine[Any, Any, T], kind: LoopKind = "auto") -> T:
     """``asyncio.run(main)`` on ``kind``'s event loop."""
     with asyncio.Runner(loop_factory=loop_factory(kind)) as runner:
         return runner.run(main)
+
+
+def install(kind: LoopKind) -> None:
+    """Make ``kind``'s loops the ones asyncio creates from now on in this process, for code that makes its
+    own loop (a faust/mode worker does)."""
+    factory = loop_factory(kind)
+    if factory is not None:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())

@@ -26,6 +26,7 @@ from typing import Any
 
 from flowserve.kafka.clients import unreachable, why_unreachable
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
+from flowserve.runtime.eventloop import install as install_loop
 from flowserve.runtime.hooks import HookFactory, no_hooks
 from flowserve.runtime.worker import StageWorker
 from flowserve.topology.graph import Topology
@@ -135,6 +136,7 @@ def run_worker(topology: Topology, node_id: str, kafka: KafkaSettings, settings:
     # check first, so that a wrong password or an untrusted certificate is the error the worker exits with.
     if asyncio.run(why_unreachable(kafka)):
         raise asyncio.run(unreachable(kafka, None))
+    install_loop(settings.event_loop)
     app = make_app(topology, node_id, kafka, settings, hooks)
     app.finalize()
     # Worker owns signals and the event loop; quiet by default so a worker's log is its own messages.

@@ -46,14 +46,21 @@ class ExecProfile:
     """
 
     def __init__(self, seed: dict[int, float] | None = None, *, window: int = WINDOW,
-                 min_live: int = MIN_LIVE, seed_p50: dict[int, float] | None = None) -> None:
+                 min_live: int = MIN_LIVE, seed_p50: dict[int, float] | None = None,
+                 refresh_s: float = 0.0) -> None:
         self.window = window
         self.min_live = min_live
+        #: predictions may lag the newest measurements by this long. A worker observes every batch and
+        #: plans every step: rebuilding the tables (percentiles, isotonic fit) after each observation was a
+        #: large share of a small stage's step, and a window of ``window`` runs barely moves in 50 ms.
+        self.refresh_s = refresh_s
         self.seed: dict[int, float] = _positive(seed)
         #: seeded medians (``p50_s`` of a profile file); a size without one uses its p99 figure.
         self.seed_p50: dict[int, float] = _positive(seed_p50)
         self._runs: dict[int, deque[float]] = {}
         self._tables: dict[int, tuple[list[int], list[float]]] = {}
+        self._built_at = 0.0  # time.monotonic() of the tables' build
+        self._stale = False  # measurements arrived since the tables were built
         self._pct: dict[tuple[int, int], float] = {}  # (size, q) -> percentile of that size's window
         self._lock = threading.Lock()
 
@@ -68,9 +75,12 @@ class ExecProfile:
             if runs is None:
                 runs = self._runs[size] = deque(maxlen=self.window)
             runs.append(seconds)
-            self._tables = {}
             self._pct.pop((size, 99), None)
             self._pct.pop((size, 50), None)
+            if self.refresh_s <= 0 or time.monotonic() - self._built_at >= self.refresh_s:
+                self._tables = {}
+            else:
+                self._stale = True
 
     def samples(self, size: int) -> int:
         return len(self._runs.get(size, ()))
@@ -127,9 +137,13 @@ class ExecProfile:
         return bool(self.seed) or sum(len(r) >= self.min_live for r in self._runs.values()) >= 2
 
     def _build(self, q: int) -> tuple[list[int], list[float]]:
+        if self._stale and time.monotonic() - self._built_at >= self.refresh_s:
+            self._stale, self._tables = False, {}
         table = self._tables.get(q)
         if table is None:
             with self._lock:
+                if not self._tables:
+                    self._built_at = time.monotonic()
                 figures = self._figures(q)
                 sizes = sorted(figures)
                 # A larger batch never takes less time than a smaller one: where the figures disagree, the

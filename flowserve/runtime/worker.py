@@ -53,6 +53,8 @@ from flowserve.wire.envelope import (
 from flowserve.wire.tensors import encode_tensors
 
 log = logging.getLogger("flowserve.worker")
+#: how stale the batch policy's execution-time predictions may get (see ExecProfile.refresh_s)
+PROFILE_REFRESH_S = 0.05
 _EMPTY = encode_tensors({})
 
 
@@ -106,6 +108,7 @@ class StageWorker(Emitter):
         self.policy: BatchPolicy = policy or make_policy(topology, node_id, profiles.get(node_id), profiles)
         #: execution time per batch size, seeded from the profile file and kept live by every batch.
         self.profile: ExecProfile = self.policy.profile or profiles.get(node_id) or ExecProfile()
+        self.profile.refresh_s = PROFILE_REFRESH_S
         self.metrics: NodeMetrics | None = None
         self._last_lag = 0
         self.executor = Executor(self.component, self.settings.inline_below_ms / 1000)

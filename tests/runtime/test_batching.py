@@ -74,6 +74,17 @@ def test_live_runs_replace_the_seed_once_there_are_enough() -> None:
     assert profile.p99(1) == pytest.approx(0.001)
 
 
+def test_a_refresh_interval_lets_predictions_lag_new_runs_until_it_passes() -> None:
+    # refresh_s 0 (the default): every run counts at once; a long interval keeps the tables built first
+    for refresh_s, moves in ((0.0, True), (3600.0, False)):
+        profile = ExecProfile({1: 0.001}, min_live=1, refresh_s=refresh_s)
+        assert profile.p99(1) == pytest.approx(0.001)
+        profile.observe(1, 0.004)
+        assert (profile.p99(1) == pytest.approx(0.004)) is moves
+    profile.refresh_s = 0.0  # the interval has passed: the next prediction rebuilds
+    assert profile.p99(1) == pytest.approx(0.004)
+
+
 def test_empty_profile_predicts_nothing_and_is_not_ready() -> None:
     profile = ExecProfile()
     assert profile.p99(8) is None and not profile.ready
