@@ -15,6 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from flowserve.errors import BrokerError
 from flowserve.kafka.brokers import ApacheKafka, Broker, BrokerKind, EmbeddedBroker, start_broker
+from flowserve.kafka.brokers.process import free_port
 
 
 def _skip_without_java(kind: BrokerKind) -> None:
@@ -164,3 +165,14 @@ async def test_three_node_cluster_survives_losing_a_node() -> None:
 
     assert sorted(received) == sorted(str(i).encode() for i in range(20))
     assert committed == {p: 5 for p in range(4)}
+
+
+def test_free_ports_are_outside_the_ephemeral_range_and_never_repeat() -> None:
+    # an outgoing connection can take an ephemeral port between the check and the broker's bind
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    if not ranges.exists():
+        pytest.skip("no Linux ephemeral port range here")
+    low = int(ranges.read_text().split()[0])
+    ports = [free_port() for _ in range(20)]
+    assert len(set(ports)) == 20
+    assert all(p < low for p in ports), (low, ports)

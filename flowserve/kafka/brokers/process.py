@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import random
 import shutil
 import signal
 import socket
@@ -79,11 +80,42 @@ class Broker(Protocol):
         ...
 
 
+#: ports handed out by :func:`free_port` in this process: one not yet bound by its broker looks free
+_GIVEN: set[int] = set()
+#: where :func:`free_port` looks first, below Linux's default ephemeral range (32768-60999)
+_QUIET_PORTS = range(20_000, 32_768)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now, outside the kernel's ephemeral range.
+
+    A port from that range (what binding port 0 gives) can be taken as the source port of an outgoing
+    connection between this check and the broker's own bind, seconds later: the nodes of a 3-node cluster
+    connect to each other while the others start, and one such start failed with "Unable to start
+    acceptor". Ports below the range are never given to outgoing connections. Falls back to port 0's
+    answer when none of the tries is free (or the range is configured lower).
+    """
+    low, _ = _ephemeral_range()
+    quiet = [p for p in random.sample(_QUIET_PORTS, 64) if p < low and p not in _GIVEN]
+    for port in quiet:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((_HOST, port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((_HOST, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections (Linux; elsewhere IANA's 49152-65535)."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 49152, 65535
 
 
 # --- processes -------------------------------------------------------------------------------------
