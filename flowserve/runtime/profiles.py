@@ -60,7 +60,7 @@ class ExecProfile:
         self._runs: dict[int, deque[float]] = {}
         self._tables: dict[int, tuple[list[int], list[float]]] = {}
         self._built_at = 0.0  # time.monotonic() of the tables' build
-        self._stale = False  # measurements arrived since the tables were built
+        self._stale = False  # measurements arrived since the tables were built (see _build)
         self._pct: dict[tuple[int, int], float] = {}  # (size, q) -> percentile of that size's window
         self._lock = threading.Lock()
 
@@ -77,10 +77,7 @@ class ExecProfile:
             runs.append(seconds)
             self._pct.pop((size, 99), None)
             self._pct.pop((size, 50), None)
-            if self.refresh_s <= 0 or time.monotonic() - self._built_at >= self.refresh_s:
-                self._tables = {}
-            else:
-                self._stale = True
+            self._stale = True
 
     def samples(self, size: int) -> int:
         return len(self._runs.get(size, ()))

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from flowserve.client import TopologyClient
 from flowserve.deploy.render import Plan as DeployPlan
 from flowserve.deploy.render import kubernetes
 from flowserve.errors import FlowserveError
-from flowserve.kafka.brokers.process import dies_with_us
+from flowserve.kafka.brokers.process import dies_with_us, free_port
 from flowserve.runtime.host import create_topology_topics
 from flowserve.topology import Topology, load_topology
 from flowserve.topology.names import deployment_name
@@ -52,12 +51,6 @@ def _apiserver() -> str | None:
     return None
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     # as the brokers start theirs: the child dies with this process even if the test run is killed
     with log.open("wb") as out:
@@ -79,7 +72,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         pytest.skip("needs kube-apiserver (deploy/k8s/build-apiserver.sh), etcd (Debian etcd-server), kubectl "
                     "and openssl")
     d = tmp_path_factory.mktemp("kube")
-    client, peer, secure = _port(), _port(), _port()
+    client, peer, secure = free_port(), free_port(), free_port()
     procs = [_start([etcd, "--name", "t", "--data-dir", str(d / "etcd"),
                      "--listen-client-urls", f"http://127.0.0.1:{client}",
                      "--advertise-client-urls", f"http://127.0.0.1:{client}",
