@@ -95,7 +95,7 @@ def free_port() -> int:
     acceptor". Ports below the range are never given to outgoing connections. Falls back to port 0's
     answer when none of the tries is free (or the range is configured lower).
     """
-    low, _ = _ephemeral_range()
+    low = _ephemeral_low()
     quiet = [p for p in random.sample(_QUIET_PORTS, 64) if p < low and p not in _GIVEN]
     for port in quiet:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -110,12 +110,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _ephemeral_range() -> tuple[int, int]:
-    """The kernel's range of source ports for outgoing connections (Linux; elsewhere IANA's 49152-65535)."""
-    with contextlib.suppress(OSError, ValueError):
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    return 49152, 65535
+def _ephemeral_low() -> int:
+    """The lowest source port the kernel gives outgoing connections (Linux; elsewhere IANA's 49152)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return 49152
 
 
 # --- processes -------------------------------------------------------------------------------------
