@@ -10,8 +10,10 @@ Domain errors never carry HTTP status codes: the gateway maps kinds to statuses 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class ErrorKind(StrEnum):
@@ -36,6 +38,8 @@ class ErrorKind(StrEnum):
     UNAVAILABLE = "unavailable"
     #: a topology file that cannot be used
     INVALID_TOPOLOGY = "invalid_topology"
+    #: a setting (a ``FLOWSERVE_*`` variable, a flag, a settings field) that cannot be used
+    INVALID_SETTINGS = "invalid_settings"
     #: an error result written without a kind (by a producer that predates kinds, or by hand)
     UNKNOWN = "unknown"
 
@@ -80,6 +84,24 @@ class TopologyError(FlowserveError):
         self.node = node
         where = f"{source}: node '{node}'" if node else source
         super().__init__(f"{where}: {message}")
+
+
+class SettingsError(FlowserveError):
+    """A setting cannot be used. The message names each bad one as the user gave it (the variable or the
+    field) and says what it should be; never its value, which may be a secret."""
+
+    kind = ErrorKind.INVALID_SETTINGS
+
+    @classmethod
+    def from_validation(cls, exc: Any, name_of: Callable[[str], str] = str) -> SettingsError:
+        """From a pydantic ``ValidationError`` (read through its ``errors()``, so this layer needs no
+        pydantic); ``name_of`` turns a field into what the user set: ``event_loop`` into
+        ``FLOWSERVE_WORKER_EVENT_LOOP`` where that is where it came from."""
+        problems = []
+        for error in exc.errors(include_input=False, include_url=False):
+            field = str(error["loc"][0]) if error["loc"] else ""
+            problems.append(f"{name_of(field) if field else 'settings'}: {error['msg']}")
+        return cls(f"invalid setting{'s' if len(problems) > 1 else ''}: {'; '.join(problems)}")
 
 
 class ComponentError(FlowserveError):

@@ -7,17 +7,17 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
 from rich.table import Table
 
 from flowserve.console import make_console
-from flowserve.errors import FlowserveError
+from flowserve.errors import FlowserveError, SettingsError
 
 if TYPE_CHECKING:
     from flowserve.kafka.settings import KafkaSettings
@@ -152,8 +152,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise FlowserveError(f"topology '{topology.name}' has no node '{args.node}' "
                              f"(nodes: {', '.join(topology.nodes)})")
 
-    settings = WorkerSettings(stats_interval_s=args.stats_interval,
-                              event_loop=os.environ.get("FLOWSERVE_WORKER_EVENT_LOOP", "auto"))
+    settings = WorkerSettings.from_env(stats_interval_s=args.stats_interval)
     from flowserve.capture import capture_hooks
     from flowserve.learning import version_hooks
     from flowserve.parity import parity_hooks
@@ -356,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topology")
     p.add_argument("node")
     p.add_argument("--broker", required=True)
-    p.add_argument("--stats-interval", type=float, default=0.0, help="log counters every N seconds")
+    p.add_argument("--stats-interval", type=float, help="log counters every N seconds "
+                   "(default: FLOWSERVE_WORKER_STATS_INTERVAL_S, else 0: only at exit)")
     p.add_argument("--host", choices=["faust", "asyncio"], default="faust",
                    help="process host: faust (control-topic agent, lifecycle) or a bare asyncio loop")
     p.add_argument("--plan", help="apply a plan file (flowserve plan): batch and hardware of this node")
@@ -507,6 +507,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except FlowserveError as exc:
         console.print(f"[red]error:[/] {exc}")
+        return 2
+    except ValidationError as exc:  # settings built from flags: say which, not a traceback
+        console.print(f"[red]error:[/] {SettingsError.from_validation(exc)}")
         return 2
     except KeyboardInterrupt:
         return 130

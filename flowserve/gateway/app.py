@@ -50,6 +50,7 @@ STATUS: dict[ErrorKind, int] = {
     ErrorKind.REVISIT_LIMIT: 500,      # a topology fault, not the caller's
     ErrorKind.UNAVAILABLE: 503,
     ErrorKind.INVALID_TOPOLOGY: 500,
+    ErrorKind.INVALID_SETTINGS: 500,   # the service's own configuration, not the caller's
     ErrorKind.UNKNOWN: 500,
 }
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from flowserve.errors import FlowserveError
+from flowserve.kafka.settings import settings_from_env
 
 
 class GatewaySettings(BaseModel):
@@ -43,19 +44,14 @@ class GatewaySettings(BaseModel):
     def from_env(cls, token_file: str | None = None, **overrides: Any) -> GatewaySettings:
         """Settings from ``FLOWSERVE_GATEWAY_*``; tokens from ``FLOWSERVE_GATEWAY_TOKENS`` (comma-separated)
         and/or a file with one token per line (``#`` comments)."""
-        values: dict[str, Any] = {}
-        for name in cls.model_fields:
-            raw = os.environ.get(f"FLOWSERVE_GATEWAY_{name.upper()}")
-            if raw and name != "tokens":
-                values[name] = raw
         tokens = [t.strip() for t in os.environ.get("FLOWSERVE_GATEWAY_TOKENS", "").split(",") if t.strip()]
         token_file = token_file or os.environ.get("FLOWSERVE_GATEWAY_TOKEN_FILE")
         if token_file:
             tokens.extend(read_token_file(token_file))
+        values = dict(overrides)
         if tokens:
             values["tokens"] = tuple(SecretStr(t) for t in tokens)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        return settings_from_env(cls, "FLOWSERVE_GATEWAY_", values, skip=frozenset({"tokens"}))
 
     def __repr__(self) -> str:  # never print tokens
         return (f"GatewaySettings(host={self.host!r}, port={self.port}, instance={self.instance!r}, "

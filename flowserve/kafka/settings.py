@@ -3,13 +3,36 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from flowserve.errors import SettingsError
 
 
 def _env(name: str) -> str | None:
     return os.environ.get(f"FLOWSERVE_{name.upper()}")
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def settings_from_env(model: type[M], prefix: str, values: dict[str, Any], skip: frozenset[str] = frozenset()) -> M:
+    """``model`` from ``{prefix}{FIELD}`` variables over ``values`` (flags and code win where they are given).
+
+    A value that does not fit raises :class:`~flowserve.errors.SettingsError` naming the variable it came
+    from (or the field, for a value given in code), not a pydantic traceback.
+    """
+    from_env: dict[str, str] = {}
+    for field in model.model_fields:
+        raw = os.environ.get(f"{prefix}{field.upper()}")
+        if raw and field not in skip and values.get(field) is None:
+            from_env[field] = raw
+    try:
+        return model(**{**{k: v for k, v in values.items() if v is not None}, **from_env})
+    except ValidationError as exc:
+        raise SettingsError.from_validation(
+            exc, lambda field: f"{prefix}{field.upper()}" if field in from_env else field) from None
 
 
 class KafkaSettings(BaseModel):
@@ -45,13 +68,20 @@ class KafkaSettings(BaseModel):
     def from_env(cls, bootstrap: str | None = None, **defaults: Any) -> KafkaSettings:
         """Settings from ``FLOWSERVE_<FIELD>`` variables over ``defaults``; ``bootstrap`` over both."""
         values: dict[str, Any] = dict(defaults)
+        from_env = set()
         for field in cls.model_fields:
             raw = _env(field)
             if raw:
                 values[field] = raw
+                from_env.add(field)
         if bootstrap:
             values["bootstrap"] = bootstrap
-        return cls(**values)
+            from_env.discard("bootstrap")
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise SettingsError.from_validation(
+                exc, lambda field: f"FLOWSERVE_{field.upper()}" if field in from_env else field) from None
 
     def ssl_context(self) -> Any:
         """The TLS context of SSL and SASL_SSL connections (None for the others): verifies the brokers'
@@ -110,3 +140,9 @@ class WorkerSettings(BaseModel):
     inline_below_ms: float = Field(
         1.0, ge=0, description="run an offloading component on the event loop while its batches take less than"
         " this (a thread handoff costs more than a sub-millisecond model; 0: always offload)")
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> WorkerSettings:
+        """Settings from ``FLOWSERVE_WORKER_<FIELD>`` variables (``FLOWSERVE_WORKER_EVENT_LOOP=asyncio``);
+        ``overrides`` that are not None (flags) win over them."""
+        return settings_from_env(cls, "FLOWSERVE_WORKER_", overrides)

@@ -56,3 +56,14 @@ async def test_http_framing_errors_and_keep_alive() -> None:
         assert b"400 Bad Request" in await _raw(server.port, b"NONSENSE\r\n\r\n")
     finally:
         await server.stop()
+
+
+def test_gateway_settings_name_a_bad_variable_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowserve.errors import SettingsError
+    from flowserve.gateway import GatewaySettings
+
+    monkeypatch.setenv("FLOWSERVE_GATEWAY_MAX_INFLIGHT", "12")
+    monkeypatch.setenv("FLOWSERVE_GATEWAY_PORT", "abc")
+    assert GatewaySettings.from_env(port=0).max_inflight == 12  # the flag's port wins over the bad variable
+    with pytest.raises(SettingsError, match=r"^invalid setting: FLOWSERVE_GATEWAY_PORT: Input should be a valid "):
+        GatewaySettings.from_env()
