@@ -49,7 +49,7 @@ class GatewaySettings(BaseModel):
         if token_file:
             tokens.extend(read_token_file(token_file))
         values = dict(overrides)
-        if tokens:
+        if tokens and values.get("tokens") is None:
             values["tokens"] = tuple(SecretStr(t) for t in tokens)
         return settings_from_env(cls, "FLOWSERVE_GATEWAY_", values, skip=frozenset({"tokens"}))
 

@@ -9,16 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from flowserve.errors import SettingsError
 
-
-def _env(name: str) -> str | None:
-    return os.environ.get(f"FLOWSERVE_{name.upper()}")
-
-
 M = TypeVar("M", bound=BaseModel)
 
 
-def settings_from_env(model: type[M], prefix: str, values: dict[str, Any], skip: frozenset[str] = frozenset()) -> M:
-    """``model`` from ``{prefix}{FIELD}`` variables over ``values`` (flags and code win where they are given).
+def settings_from_env(model: type[M], prefix: str, values: dict[str, Any], skip: frozenset[str] = frozenset(),
+                      defaults: dict[str, Any] | None = None) -> M:
+    """``model`` from ``{prefix}{FIELD}`` variables, over ``defaults`` and under ``values`` (flags and code win
+    where they are given, i.e. not None).
 
     A value that does not fit raises :class:`~flowserve.errors.SettingsError` naming the variable it came
     from (or the field, for a value given in code), not a pydantic traceback.
@@ -29,7 +26,7 @@ def settings_from_env(model: type[M], prefix: str, values: dict[str, Any], skip:
         if raw and field not in skip and values.get(field) is None:
             from_env[field] = raw
     try:
-        return model(**{**{k: v for k, v in values.items() if v is not None}, **from_env})
+        return model(**{**(defaults or {}), **from_env, **{k: v for k, v in values.items() if v is not None}})
     except ValidationError as exc:
         raise SettingsError.from_validation(
             exc, lambda field: f"{prefix}{field.upper()}" if field in from_env else field) from None
@@ -67,21 +64,7 @@ class KafkaSettings(BaseModel):
     @classmethod
     def from_env(cls, bootstrap: str | None = None, **defaults: Any) -> KafkaSettings:
         """Settings from ``FLOWSERVE_<FIELD>`` variables over ``defaults``; ``bootstrap`` over both."""
-        values: dict[str, Any] = dict(defaults)
-        from_env = set()
-        for field in cls.model_fields:
-            raw = _env(field)
-            if raw:
-                values[field] = raw
-                from_env.add(field)
-        if bootstrap:
-            values["bootstrap"] = bootstrap
-            from_env.discard("bootstrap")
-        try:
-            return cls(**values)
-        except ValidationError as exc:
-            raise SettingsError.from_validation(
-                exc, lambda field: f"FLOWSERVE_{field.upper()}" if field in from_env else field) from None
+        return settings_from_env(cls, "FLOWSERVE_", {"bootstrap": bootstrap or None}, defaults=defaults)
 
     def ssl_context(self) -> Any:
         """The TLS context of SSL and SASL_SSL connections (None for the others): verifies the brokers'
