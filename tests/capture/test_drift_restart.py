@@ -16,7 +16,7 @@ from flowserve.runtime.metrics import read_snapshots
 from flowserve.topology import load_topology
 
 pytest.importorskip("alibi_detect")
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 WINDOW = 20
 BEFORE = 12  # requests the first detector worker files into its window before it is killed

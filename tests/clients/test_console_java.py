@@ -17,7 +17,8 @@ from fs_clients import Served, answer_of, v2_request
 from flowserve.errors import BrokerError
 from flowserve.kafka.brokers.apache_kafka import kafka_tools_dir
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [pytest.mark.external,  # Kafka's Java console clients
+            pytest.mark.asyncio(loop_scope="session")]
 
 #: The Java producer is idempotent by default; the embedded broker refuses InitProducerId (see
 #: KafkaSettings.idempotence), so there it is turned off, as flowserve's own producers have it.

@@ -15,7 +15,7 @@ from fs_clients import Served, answer_of, not_on_embedded, v2_request
 from flowserve.wire.tensors import decode_tensors, encode_tensors
 
 pytestmark = [
-    pytest.mark.integration,
+    pytest.mark.external,  # kcat from Debian
     pytest.mark.asyncio(loop_scope="session"),
     pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed (apt-get install kcat)"),
 ]

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
+from fs_once import assert_answered_once
 
 from flowserve.client import TopologyClient
 from flowserve.client.http import AsyncHttpClient, V2Response
@@ -25,7 +26,7 @@ from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import InlineHost
 from flowserve.topology import load_topology
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 TOPOLOGY = """
 name: NAME
@@ -151,6 +152,7 @@ async def test_requests_are_answered_once_through_a_broker_fault(cluster: Apache
             assert fut.result().error is None, rid
             np.testing.assert_array_equal(fut.result().tensors["y"], np.full((1, 4), int(rid[1:]) + 1, np.float32))
         assert len(futures) == 3 * PER_PHASE
+        await assert_answered_once(client, kafka, futures)
         failed = {i: (r.status, r.error) for i, r in replies.items() if r.status != 200}
         assert not failed, f"{len(failed)} HTTP calls failed, e.g. {list(failed.items())[:5]}"
         for i, reply in replies.items():

@@ -8,7 +8,7 @@ import pytest
 
 from flowserve.bench.chaos import ChaosConfig, chaos
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 async def test_requests_are_answered_once_through_random_faults(broker: object, unique_name: str) -> None:

@@ -22,7 +22,7 @@ from flowserve.runtime.metrics import read_snapshots
 from flowserve.topology import load_topology
 from flowserve.wire.envelope import H_RECONSTRUCTED
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 PIPELINE = """
 name: NAME

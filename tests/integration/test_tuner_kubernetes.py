@@ -33,7 +33,7 @@ from flowserve.topology.names import deployment_name
 from flowserve.tuning.plan import Plan, StageConfig, apply_plan, save_plan
 from flowserve.tuning.tuner import KubernetesScaler
 
-pytestmark = [pytest.mark.integration]
+pytestmark = pytest.mark.external  # kube-apiserver built from the Kubernetes sources, etcd, kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = "1.34.4"
@@ -176,7 +176,6 @@ def test_the_scaler_sets_the_rendered_deployments_and_pins_keda_where_it_scales(
     asyncio.run(KubernetesScaler(topology.name, "nowhere").scale(nodes[0], 5))
 
 
-@pytest.mark.slow
 async def test_flowserve_tune_scales_a_deployment_on_a_step_and_back_after_the_hold(
         kube: Path, kafka, write_topology: Callable[[str], Path], tmp_path: Path) -> None:
     path = write_topology(ONE_EMULATED_STAGE.replace("PARTITIONS", "4"))

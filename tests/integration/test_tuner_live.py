@@ -25,7 +25,7 @@ from flowserve.tuning.tuner import Action, LocalScaler, tune
 from flowserve.wire.envelope import H_REPLY_TO, make_headers
 from flowserve.wire.tensors import encode_tensors
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 

@@ -6,7 +6,6 @@ import asyncio
 import shutil
 import socket
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from flowserve.errors import BrokerError
-from flowserve.kafka.brokers import ApacheKafka, Broker, BrokerKind, EmbeddedBroker, start_broker
+from flowserve.kafka.brokers import ApacheKafka, Broker, BrokerKind, EmbeddedBroker
 from flowserve.kafka.brokers.process import free_port
 
 
@@ -23,12 +22,8 @@ def _skip_without_java(kind: BrokerKind) -> None:
         pytest.skip("Apache Kafka needs java on PATH")
 
 
-@pytest.fixture(scope="module", params=["embedded", "kafka"])
-def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
-    _skip_without_java(request.param)
-    started = start_broker(request.param)
-    yield started
-    started.stop()
+# The round trip and the pause are about the brokers: they run on every kind (the suite's shared brokers,
+# tests/conftest.py), not on the default one alone.
 
 
 async def _create_topic(bootstrap: str, topic: str, partitions: int, replicas: int = 1) -> list[int]:
@@ -74,7 +69,7 @@ async def _consume(broker: Broker, topic: str, group: str, count: int) -> tuple[
     return received, committed
 
 
-@pytest.mark.integration
+@pytest.mark.every_broker
 async def test_records_round_trip_through_a_consumer_group(broker: Broker) -> None:
     topic = f"round-trip-{broker.name}"
     assert await _create_topic(broker.bootstrap, topic, partitions=4) == [0, 1, 2, 3]
@@ -96,7 +91,7 @@ async def test_records_round_trip_through_a_consumer_group(broker: Broker) -> No
     assert committed == dict(per_partition)
 
 
-@pytest.mark.integration
+@pytest.mark.every_broker
 async def test_pause_holds_a_produce_until_resume(broker: Broker) -> None:
     topic = f"pause-{broker.name}"
     producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0, request_timeout_ms=30_000)
@@ -140,7 +135,6 @@ def test_kafka_rejects_unsupported_cluster_sizes() -> None:
         ApacheKafka.start(nodes=2)
 
 
-@pytest.mark.integration
 @pytest.mark.slow
 async def test_three_node_cluster_survives_losing_a_node() -> None:
     _skip_without_java("kafka")

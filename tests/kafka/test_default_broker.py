@@ -14,8 +14,6 @@ import pytest
 from flowserve.kafka.brokers import Broker, EmbeddedBroker, start_default
 from flowserve.kafka.brokers.apache_kafka import kafka_missing
 
-pytestmark = pytest.mark.integration
-
 KCAT_TIMEOUT_S = 60  # a bound on a hung kcat, not a timing assertion
 
 
@@ -36,10 +34,12 @@ def _kcat(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[s
     return subprocess.run([kcat, *args], input=stdin, capture_output=True, text=True, timeout=KCAT_TIMEOUT_S)
 
 
+@pytest.mark.integration
 def test_default_is_apache_kafka_where_it_can_start(default_broker: Broker) -> None:
     assert default_broker.name == "kafka"
 
 
+@pytest.mark.external
 def test_kcat_lists_produces_and_consumes_in_a_group(default_broker: Broker) -> None:
     topic = f"kcat-{uuid.uuid4().hex[:8]}"
     listed = _kcat("-b", default_broker.bootstrap, "-L")
@@ -59,6 +59,7 @@ def test_kcat_lists_produces_and_consumes_in_a_group(default_broker: Broker) -> 
     assert sorted(consumed.stdout.split()) == sorted(f"k{i}={line}" for i, line in enumerate(lines))
 
 
+@pytest.mark.integration
 def test_without_java_the_default_is_tansu_and_says_why(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -74,6 +75,7 @@ def test_without_java_the_default_is_tansu_and_says_why(
         broker.stop()
 
 
+@pytest.mark.integration
 def test_without_cached_jars_the_default_downloads_nothing(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -63,7 +63,6 @@ async def _describe(kafka: KafkaSettings, topics: list[str], *,
         await admin.close()
 
 
-@pytest.mark.integration
 async def test_a_single_node_keeps_one_copy_and_refuses_three(kafka: KafkaSettings, unique_name: str) -> None:
     assert await ensure_topics(kafka, [unique_name], 2) == [unique_name]
     assert await _describe(kafka, [unique_name], configs=False) == {unique_name: ([1, 1], None)}
@@ -79,7 +78,6 @@ def cluster() -> Iterator[ApacheKafka]:
         yield started
 
 
-@pytest.mark.integration
 @pytest.mark.slow
 async def test_topology_topics_on_three_brokers_have_three_copies_two_in_sync(cluster: ApacheKafka) -> None:
     kafka = cluster.settings()
@@ -107,7 +105,6 @@ async def _describe_all(kafka: KafkaSettings) -> list[str]:
         await admin.close()
 
 
-@pytest.mark.integration
 @pytest.mark.slow
 async def test_idempotent_writes_survive_the_leader_being_killed(cluster: ApacheKafka) -> None:
     kafka = cluster.settings()

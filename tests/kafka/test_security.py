@@ -27,7 +27,7 @@ from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost
 from flowserve.topology import load_topology
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 USER, PASSWORD = "alice", "s3cret-Pa55word-9f2c"  # the password is grepped for in the logs
 TOPOLOGY = """

@@ -38,7 +38,7 @@ from flowserve.wire.feedback import encode_feedback  # noqa: E402
 from flowserve.wire.tensors import encode_tensors  # noqa: E402
 from flowserve_components.digits import sample  # noqa: E402
 
-pytestmark = pytest.mark.integration
+# broker-backed: tests/conftest.py marks these integration, the one marked slow below slow
 
 TOPOLOGY = """
 name: NAME

@@ -23,7 +23,7 @@ from flowserve.runtime.worker import StageWorker
 from flowserve.selection import selection_hooks
 from flowserve.topology.graph import Topology, load_topology, load_topology_text
 
-pytestmark = [pytest.mark.integration]
+# broker-backed: tests/conftest.py marks these integration, the one marked slow below slow
 
 TOKEN = "s3cret"
 # three branches; only 'a' answers the truth (1) of every request sent here

@@ -16,7 +16,7 @@ from ui_deploy import running_digits, until
 from flowserve.cli.ui import sources
 from flowserve.ui import UiServer, UiSettings
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.external  # headless Chromium and chromedriver from Debian
 NODES = ("pre", "model", "post", "input_drift")
 TOKEN = "browser-token"  # noqa: S105 - a test token
 

@@ -63,12 +63,9 @@ def kafka_missing(libs_dir: str | Path | None = None) -> str | None:
     return None
 
 
-def _kafka_libs(libs_dir: str | Path | None) -> Path:
-    """The directory of Kafka jars, fetched with apache/fetch-jars.sh the first time."""
+def _fetch(target: Path, what: tuple[str, ...] = ()) -> None:
+    """Run apache/fetch-jars.sh once (``what``: ``("tools",)`` for the console clients) into ``target``."""
     version = os.environ.get("FLOWSERVE_KAFKA_VERSION", KAFKA_VERSION)
-    target = _libs_target(libs_dir)
-    if _has_jars(target):
-        return target
     script = _FILES / "fetch-jars.sh"
     if not script.exists():
         raise BrokerError(
@@ -80,26 +77,40 @@ def _kafka_libs(libs_dir: str | Path | None) -> Path:
             f"Apache Kafka: no jars in {target}, and mvn (needed once to fetch them) is not installed: "
             "install Maven 3.8+, or set FLOWSERVE_KAFKA_LIBS to the libs/ folder of a Kafka 4 download"
         )
-    env = {**os.environ, "FLOWSERVE_KAFKA_LIBS": str(target), "FLOWSERVE_KAFKA_VERSION": version}
+    # the script takes the libs/ folder and puts tools/ beside it
+    libs = target.with_name("libs") if what else target
+    env = {**os.environ, "FLOWSERVE_KAFKA_LIBS": str(libs), "FLOWSERVE_KAFKA_VERSION": version}
     try:
-        done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=900)
+        done = subprocess.run(["bash", str(script), *what], env=env, capture_output=True, text=True, timeout=900)
     except subprocess.TimeoutExpired:
         raise BrokerError(f"Apache Kafka: {script} did not finish in 15 minutes; run it by hand") from None
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-_LOG_TAIL_LINES:])
-        raise BrokerError(f"Apache Kafka: {script} failed (exit {done.returncode}); run it by hand:\n{tail}")
+        raise BrokerError(f"Apache Kafka: {script} {' '.join(what)} failed (exit {done.returncode}); "
+                          f"run it by hand:\n{tail}")
+
+
+def kafka_libs_dir(libs_dir: str | Path | None = None) -> Path:
+    """The directory of Kafka jars, fetched with apache/fetch-jars.sh the first time."""
+    target = _libs_target(libs_dir)
+    if not _has_jars(target):
+        _fetch(target)
     return target
 
 
 def kafka_tools_dir(libs_dir: str | Path | None = None) -> Path:
-    """The folder of Kafka's command-line clients (kafka-console-producer/consumer) and their classpath,
-    beside the broker's jars; ``fetch-jars.sh tools`` fetches it (not done here: only tests need it)."""
-    libs = _kafka_libs(libs_dir)
+    """The folder of Kafka's command-line clients (kafka-console-producer/consumer, kafka-metadata-quorum)
+    and their classpath, beside the broker's jars; fetched once with ``fetch-jars.sh tools`` on first use,
+    as the broker's jars are, so whatever needs them (a test, ``active_controller``) works on a fresh machine."""
+    libs = kafka_libs_dir(libs_dir)
     tools = libs.with_name("tools")
     if any(libs.glob("kafka-tools-[0-9]*.jar")):  # the libs/ folder of a Kafka download has them
         return libs
     if not any(tools.glob("kafka-tools-[0-9]*.jar")):
-        raise BrokerError(f"Kafka's console clients are not in {tools}: run deploy/kafka/fetch-jars.sh tools")
+        _fetch(tools, ("tools",))
+    if not any(tools.glob("kafka-tools-[0-9]*.jar")):
+        raise BrokerError(f"Kafka's console clients are not in {tools} after fetching them: "
+                          "run deploy/kafka/fetch-jars.sh tools by hand")
     return tools
 
 
@@ -265,7 +276,7 @@ class ApacheKafka(_Managed):
         if (listeners or scram_users) and nodes != 1:
             raise BrokerError("Apache Kafka: extra listeners and SCRAM users are supported on one node only")
         java = _java()
-        libs = _kafka_libs(libs_dir)
+        libs = kafka_libs_dir(libs_dir)
         if port:
             broker_ports = [port + i for i in range(nodes)]
             controller_ports = [port + nodes + i for i in range(nodes)]
