@@ -318,13 +318,15 @@ async def capture_bench(kafka: KafkaSettings, rate: float = 200.0, seconds: floa
             for name in ("throughput_10pct_vs_off", "throughput_100pct_vs_off", "p99_10pct_vs_off",
                          "p99_100pct_vs_off"):
                 ratios[name] = saturation[name]
-            targets["capture_100pct_costs_le_15pct"] = ratios["throughput_100pct_vs_off"]["ratio"] >= 0.85
+            # decided on the interval's conservative end: a point estimate above the line with an interval
+            # that straddles it says nothing
+            targets["capture_100pct_costs_le_15pct"] = ratios["throughput_100pct_vs_off"]["95ci"][0] >= 0.85
         if "detector" in parts:
             result["detector"] = detector = await _detector(kafka, inputs, Path(tmp), rate, seconds, slice_s, blocks)
             for q in (50, 90, 99):
                 ratios[f"p{q}_detector_vs_none"] = detector[f"p{q}_detector_vs_none"]
                 ratios[f"p{q}_none_vs_none"] = detector[f"p{q}_none_vs_none"]  # the A/A noise floor
-            targets["detector_raises_p99_le_5pct"] = ratios["p99_detector_vs_none"]["ratio"] <= 1.05
+            targets["detector_raises_p99_le_5pct"] = ratios["p99_detector_vs_none"]["95ci"][1] <= 1.05
     for name, value in ratios.items():
         low, high = value["95ci"]
         console.print(f"{name}: {value['ratio']:.3f} (95% interval {low:.3f}-{high:.3f})")

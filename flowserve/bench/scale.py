@@ -186,10 +186,11 @@ async def scale_bench(kafka: KafkaSettings, *, slice_s: float = 3.0, rounds: int
                   "CPU")
     emulated = _report(await _interleaved(kafka, _EMULATED_TOPOLOGY, EMULATED_CONSUMERS, what="emulated",
                                           slice_s=slice_s, rounds=rounds), "emulated")
-    cpu_ratio = cpu["consumers_2"]["ratio_over_1"]["point"]
-    emulated_ratio = emulated[f"consumers_{max(EMULATED_CONSUMERS)}"]["ratio_over_1"]["point"]
-    console.print(f"targets: CPU 2/1 {cpu_ratio:.2f} (>= {CPU_TARGET}); emulated 8/1 {emulated_ratio:.2f} "
-                  f"(>= {EMULATED_TARGET})")
+    # targets are decided on the interval's lower end, not the point estimate
+    cpu_ratio = cpu["consumers_2"]["ratio_over_1"]["low"]
+    emulated_ratio = emulated[f"consumers_{max(EMULATED_CONSUMERS)}"]["ratio_over_1"]["low"]
+    console.print(f"targets (interval's lower end): CPU 2/1 {cpu_ratio:.2f} (>= {CPU_TARGET}); emulated 8/1 "
+                  f"{emulated_ratio:.2f} (>= {EMULATED_TARGET})")
     return {"workload": "scale", "slice_seconds": slice_s, "slices": rounds, "concurrency": CONCURRENCY,
             "cpu": cpu, "emulated": {"model": "nmt", "hardware": "gpu-small", "max_batch": 2, **emulated},
             "targets": {"cpu_2_consumers_ge_1.7x": cpu_ratio >= CPU_TARGET,

@@ -319,6 +319,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         plot_result(result, args.plot)
         console.print(f"plot written to {args.plot}")
+    if args.save:
+        from flowserve.bench.results import save
+
+        console.print(f"result written to {save(args.save, args.workload, result)}")
     print(json.dumps(result))
     return 0
 
@@ -480,6 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="capture: deploy afresh this many times per part (deployments differ on their own)")
     p.add_argument("--only", choices=["saturation", "detector"], help="capture: run one part of the bench")
     p.add_argument("--plot", metavar="FILE.png", help="also draw the result to this image (needs matplotlib)")
+    p.add_argument("--save", metavar="PATH", help="also write the result with its command, date and machine to "
+                   "this JSON file (a folder: PATH/WORKLOAD.json); docs/benchmarks.md is generated from "
+                   "benchmarks/results/")
     p.add_argument("--part", choices=["simulate", "tuner"], help="tuner: run one section of the bench")
     p.add_argument("--tuner-rate", type=float, default=30.0, help="tuner, simulate: base request rate")
     p.add_argument("--trace-seconds", type=float, default=40.0, help="tuner, simulate: length of each trace")

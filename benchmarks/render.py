@@ -1,0 +1,168 @@
+"""Write docs/benchmarks.md from benchmarks/method.md and the saved results in benchmarks/results/*.json.
+
+    python benchmarks/render.py            # rewrite docs/benchmarks.md
+    python benchmarks/render.py --check    # exit 1 if docs/benchmarks.md is not what this would write (CI)
+
+A result file is what ``flowserve bench WORKLOAD ... --save benchmarks/results/NAME.json`` wrote: the
+command, the date, the machine and the bench's own JSON. The page is never edited by hand; the history of
+each figure is the history of its file in git.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DOC = HERE.parent / "docs" / "benchmarks.md"
+#: rows of one table at most: a bench's full rows stay in its JSON file
+MAX_ROWS = 12
+#: columns of one table at most (the first ones in the bench's own order)
+MAX_COLS = 9
+
+Scalar = str | int | float | bool | None
+
+
+def _is_scalar(v: Any) -> bool:
+    return v is None or isinstance(v, str | int | float | bool)
+
+
+def _is_interval(v: Any) -> bool:
+    return isinstance(v, list) and len(v) in (2, 3) and all(
+        isinstance(x, int | float) and not isinstance(x, bool) for x in v)
+
+
+def fmt(v: Any) -> str:
+    """A figure as a person reads it: 3 significant digits, booleans as yes/no, intervals as lo-hi."""
+    if isinstance(v, bool):
+        return "yes" if v else "**no**"
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 10_000 else str(v)
+    if isinstance(v, float):
+        if v != v:
+            return "n/a"
+        if v == 0 or 0.01 <= abs(v) < 10_000:
+            return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+        return f"{v:.2e}"
+    if v is None:
+        return ""
+    if _is_interval(v):  # [low, high], or [point, low, high] as the benches return a ratio
+        body = f"{fmt(float(v[-2]))}-{fmt(float(v[-1]))}"
+        return body if len(v) == 2 else f"{fmt(float(v[0]))} ({body})"
+    text = str(v).replace("|", "/").replace("\n", " ")
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def flat(d: dict[str, Any], prefix: str = "", depth: int = 2) -> dict[str, Any]:
+    """Scalars (and 2-number intervals) of a dict, nested dicts flattened to ``a.b`` up to ``depth``."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if _is_scalar(v) or _is_interval(v):
+            out[key] = v
+        elif isinstance(v, dict) and depth > 1:
+            out.update(flat(v, key + ".", depth - 1))
+    return out
+
+
+def table(rows: list[dict[str, Any]], label: str | None = None) -> list[str]:
+    cols: list[str] = []
+    for row in rows:
+        cols += [c for c in row if c not in cols and c != "_label"]
+    cols = cols[:MAX_COLS]
+    if not cols:
+        return []
+    head = ([label] if label is not None else []) + cols
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows[:MAX_ROWS]:
+        cells = ([fmt(row.get("_label"))] if label is not None else []) + [fmt(row.get(c)) for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    if len(rows) > MAX_ROWS:
+        lines.append(f"\n({len(rows) - MAX_ROWS} more rows in the JSON file)")
+    return lines
+
+
+def tables_of(result: dict[str, Any]) -> list[str]:
+    """The result's lists of records and its records of records, each as a table; its scalars as one."""
+    out: list[str] = []
+    shown = {"targets"}
+    for key, value in result.items():
+        if key in shown:
+            continue
+        if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
+            rows = [flat(r) for r in value]
+            if any(rows):
+                out += ["", f"`{key}`:", "", *table(rows)]
+                shown.add(key)
+        elif isinstance(value, dict) and value and all(isinstance(r, dict) for r in value.values()):
+            rows, rest = [], []
+            for k, r in value.items():
+                inner = [(k2, v2) for k2, v2 in r.items() if isinstance(v2, dict)]
+                if len(inner) >= 2 and all(any(_is_scalar(x) for x in v2.values()) for _, v2 in inner):
+                    # records of records of records (scenario -> contender -> figures): a row per pair, and
+                    # the record's own figures (its ratios) in a table of their own
+                    rows += [{"_label": f"{k} / {k2}", **flat(v2, depth=1)} for k2, v2 in inner]
+                    own = flat({k2: v2 for k2, v2 in r.items() if not isinstance(v2, dict)})
+                    if own:
+                        rest.append({"_label": k, **own})
+                else:
+                    rows.append({"_label": k, **flat(r)})
+            if any(len(r) > 1 for r in rows):
+                out += ["", f"`{key}`:", "", *table(rows, label="")]
+                if rest:
+                    out += ["", *table(rest, label="")]
+                shown.add(key)
+        elif key in shown:
+            continue
+    scalars = flat({k: v for k, v in result.items() if k not in shown})
+    if scalars:
+        out += ["", "Figures: " + "; ".join(f"{k} {fmt(v)}" for k, v in list(scalars.items())[:24]) + "."]
+    return out
+
+
+def section(doc: dict[str, Any], name: str) -> list[str]:
+    m = doc.get("machine", {})
+    where = f"{m.get('cores', '?')} cores, {m.get('memory_gib', '?')} GiB, {m.get('processor', '?')}"
+    result = doc["result"]
+    lines = [f"### {name}", "", f"`{doc['command']}` — {doc['date']}, {where}."]
+    targets = result.get("targets") or {}
+    if targets:
+        met = sum(bool(v) for v in targets.values())
+        lines += ["", f"Targets met: {met} of {len(targets)}.", "", "| target | met |", "|---|---|"]
+        lines += [f"| `{k}` | {fmt(bool(v))} |" for k, v in targets.items()]
+    lines += tables_of(result)
+    return lines + [""]
+
+
+def render(results_dir: Path = HERE / "results", method: Path = HERE / "method.md") -> str:
+    lines = [method.read_text().rstrip(), "", "## Figures", "",
+             "Generated by `python benchmarks/render.py` from `benchmarks/results/*.json` (each written by the",
+             "command shown with `--save`); the history of a figure is its file's history in git.", ""]
+    files = sorted(results_dir.glob("*.json"))
+    if not files:
+        lines += ["No saved result yet.", ""]
+    for path in files:
+        lines += section(json.loads(path.read_text()), path.stem)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--check", action="store_true", help="exit 1 when docs/benchmarks.md is out of date")
+    args = p.parse_args(argv)
+    text = render()
+    if args.check:
+        if DOC.read_text() != text:
+            print(f"{DOC} is not what benchmarks/render.py writes: run python benchmarks/render.py", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(text)
+    print(f"wrote {DOC} ({text.count(chr(10))} lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
