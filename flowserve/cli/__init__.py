@@ -470,10 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="latency: how long to send; gateway: per level; capture: per configuration")
     p.add_argument("--cell-seconds", type=float, default=3.0, help="batching: seconds per slice of a load cell")
     p.add_argument("--slice-seconds", type=float, default=None,
-                   help="capture, parity, scale, broker: configurations take turns in slices this long "
-                   "(default 2 s, 4 s, 2 s, 2 s)")
+                   help="capture, parity, scale, broker, learn-cache: configurations take turns in slices this "
+                   "long (default 2 s, 4 s, 2 s, 2 s, 2 s)")
     p.add_argument("--rounds", type=int, default=4,
-                   help="parity, scale, broker, batching: slices per contender and scenario")
+                   help="parity, scale, broker, batching, learn-cache: slices per contender and scenario")
     p.add_argument("--k", type=int, default=2, help="parity: requests per parity group")
     p.add_argument("--encoder", choices=("sum", "concat"), default="sum", help="parity: the parity query's encoder")
     p.add_argument("--stage", choices=("digits", "emulated"), default="digits",
