@@ -119,10 +119,33 @@ def throughput_ratio(a: Sequence[Slice], b: Sequence[Slice], *, blocks: Sequence
         raise ValueError(f"need the same number of slices on both sides, got {len(a)} and {len(b)}")
     req = np.array([[s.requests for s in a], [s.requests for s in b]], dtype=float)
     sec = np.array([[s.seconds for s in a], [s.seconds for s in b]], dtype=float)
-    ratios = [(req[0, i].sum() / sec[0, i].sum()) / (req[1, i].sum() / sec[1, i].sum())
-              for i in _resamples(len(a), resamples, seed, blocks)]
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return throughput(a) / throughput(b), float(low), float(high)
+    # A slice that answered nothing is zero throughput, not a missing slice: a side that stalls in some
+    # slices is slower by that much. Where ``b`` answered nothing in a resample the ratio is +inf; where
+    # neither side did it is undefined (NaN) and left out of the interval.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.array([(req[0, i].sum() / sec[0, i].sum()) / (req[1, i].sum() / sec[1, i].sum())
+                           for i in _resamples(len(a), resamples, seed, blocks)])
+        point = float(np.float64(throughput(a)) / np.float64(throughput(b)))
+    low, high = _interval(ratios)
+    return point, low, high
+
+
+def _interval(ratios: np.ndarray) -> tuple[float, float]:
+    """The 95% percentile interval of bootstrap ratios, NaN (undefined) resamples left out."""
+    if np.isnan(ratios).all():
+        return float("nan"), float("nan")
+    # interpolating next to an infinite ratio gives NaN (inf - inf): take the nearest resample there instead
+    if np.isinf(ratios).any():
+        low, high = np.nanpercentile(ratios, [2.5, 97.5], method="nearest")
+    else:
+        low, high = np.nanpercentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def _percentile(pool: list[np.ndarray], q: float) -> float:
+    """The ``q``th percentile of the pooled latencies; +inf where nothing was answered (no finite tail)."""
+    pooled = np.concatenate(pool) if pool else np.empty(0)
+    return float(np.percentile(pooled, q)) if pooled.size else float("inf")
 
 
 def percentile_ratio(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], *, q: float = 99,
@@ -134,13 +157,14 @@ def percentile_ratio(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]],
     if len(a) != len(b) or not a:
         raise ValueError(f"need the same number of slices on both sides, got {len(a)} and {len(b)}")
     xa, xb = [np.asarray(s, dtype=float) for s in a], [np.asarray(s, dtype=float) for s in b]
-    point = float(np.percentile(np.concatenate(xa), q) / np.percentile(np.concatenate(xb), q))
     ratios = np.empty(resamples)
-    for k, pick in enumerate(_resamples(len(a), resamples, seed, blocks)):
-        ratios[k] = (np.percentile(np.concatenate([xa[i] for i in pick]), q)
-                     / np.percentile(np.concatenate([xb[i] for i in pick]), q))
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return point, float(low), float(high)
+    # a side with no latency in a resample (every slice drawn answered nothing) has an unbounded tail
+    with np.errstate(divide="ignore", invalid="ignore"):
+        point = float(np.float64(_percentile(xa, q)) / _percentile(xb, q))
+        for k, pick in enumerate(_resamples(len(a), resamples, seed, blocks)):
+            ratios[k] = np.float64(_percentile([xa[i] for i in pick], q)) / _percentile([xb[i] for i in pick], q)
+    low, high = _interval(ratios)
+    return point, low, high
 
 
 def gap_ratio(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], *, resamples: int = RESAMPLES,

@@ -51,6 +51,11 @@ async def test_against_a_second_gateway(broker: Any, write_topology: Any, tmp_pa
         for side in ("flowserve", "other"):
             assert row[side]["n"] > 0 and row[side]["errors"] == 0, row
         assert len(row["throughput_ratio"]) == 3 and len(row["p99_ratio"]) == 3
+        assert row["paired_slices"] == 2 and row["flowserve"]["empty_slices"] == row["other"]["empty_slices"] == 0
         cpu = row["flowserve"]["cpu_us_per_request"]
         assert {"loadgen", "gateway", "worker:echo", "broker", "other"} <= cpu.keys()
         assert cpu["gateway"] > 0 and cpu["worker:echo"] > 0
+    # open loop: both sides of each pair replay the same arrivals, so with every call answered they answer
+    # exactly as many requests
+    poisson = run["loads"][1]
+    assert poisson["flowserve"]["n"] == poisson["other"]["n"]
