@@ -126,3 +126,41 @@ def backlog_bound(family: Sequence[TokenBucket], beta: RateLatency) -> float:
     """Vertical deviation: the most requests queued at the stage (its lag), ``b + r T``; inf when unstable."""
     bounds = [b.burst + b.rate * beta.latency for b in family if b.rate <= beta.rate]
     return min(bounds) if bounds else math.inf
+
+
+# -- lower bounds: what no configuration with too few servers can avoid ---------------------------------
+
+def window_counts(arrivals: np.ndarray, shortest: float, longest: float,
+                  step: float = math.sqrt(2)) -> tuple[np.ndarray, np.ndarray]:
+    """Window lengths growing by ``step`` from ``shortest`` to ``longest``, and the most arrivals in any
+    window of each length (``arrivals`` sorted): the trace's arrival curve sampled finely enough to bound
+    from below."""
+    ws = [shortest]
+    while ws[-1] * step < longest:
+        ws.append(ws[-1] * step)
+    ws.append(max(longest, shortest))
+    return np.array(ws), np.array([max_arrivals(arrivals, w) for w in ws], dtype=float)
+
+
+def fewest_servers(windows: np.ndarray, counts: np.ndarray, per_item_s: float, slack_s: float,
+                   late: int) -> int:
+    """The fewest servers for which a stage's maximum service curve does not already make ``late``
+    requests miss their deadline.
+
+    A server serves at most one request per ``per_item_s`` (its fastest batch's time per item). The
+    ``counts[i]`` requests of the busiest window of length ``windows[i]`` all reach the stage after the
+    window opens and must leave it within ``slack_s`` of the window's end; ``c`` servers serve at most
+    ``c (w + slack) / per_item_s`` of them in that time, so at least ``N(w) - c (w + slack) / per_item_s``
+    miss. That is the lower delay bound of network calculus (the arrival curve against the maximum service
+    curve); the fewest servers are those for which it stays under ``late`` for every window.
+
+    >>> fewest_servers(np.array([1.0]), np.array([100.0]), 0.01, 0.0, 1)  # 100 in 1 s at 10 ms each
+    1
+    >>> fewest_servers(np.array([1.0]), np.array([250.0]), 0.01, 0.0, 1)  # two serve 200 of them: 50 late
+    3
+    """
+    if per_item_s <= 0:
+        return 1
+    # a negative slack (hops alone past the deadline) leaves the shortest windows no time at all: huge counts
+    most = float(np.max((counts - late) * per_item_s / np.maximum(windows + slack_s, 1e-9)))
+    return max(1, math.floor(most + 1e-9) + 1)

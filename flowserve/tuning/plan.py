@@ -4,11 +4,17 @@ InferLine's low-frequency planner. Each stage has options: the hardware kinds it
 component's declared latency table, or the topology's measured profile for a CPU stage), a max batch and
 a number of consumers. The search:
 
-1. **feasible start**: every stage at batch 1, one consumer, on its fastest hardware; while the
-   simulated p99 misses the SLO, add a consumer to the busiest stage;
-2. **greedy cost reduction**: try, for every stage, one cheaper hardware kind (with as many consumers as
-   keep it cheaper) and one consumer fewer, each with the stage's batch as it is or doubled up to 64;
-   take the cheapest candidate whose simulated p99 stays within the SLO; repeat until none is.
+1. **feasible start**: every stage at batch 1 on its fastest hardware, with the fewest consumers the
+   bounds allow (:class:`Bounds`); while the simulated p99 misses the SLO, grow the busiest stage by a
+   quarter (up to MAX_CONSUMERS);
+2. **greedy cost reduction**: for every stage, the families of cheaper variants (its hardware with fewer
+   consumers, or the next cheaper kind; the batch as it is or doubled up to 64), each at the fewest
+   consumers that meet the SLO (bisected); take the cheapest; repeat until no family is cheaper.
+
+**Pruning**: the trace's arrival curve against a stage's maximum service curve bounds from below how
+many requests miss (network calculus's lower delay bound); a candidate the bound refuses is not
+simulated, and a family whose fewest allowed consumers already cost more than the best found is skipped.
+The bound holds for the simulator itself, so pruning changes the time taken, not the plan.
 
 The plan file gives, per stage, the hardware kind, max batch and consumers, plus the topology's partition
 count: the most consumers any stage has, times ``headroom``, so that the tuner can add consumers without
@@ -34,13 +40,14 @@ from flowserve.topology.graph import Topology, compile_spec
 from flowserve.topology.spec import BatchingSpec
 from flowserve.tuning import curves
 from flowserve.tuning.documents import read_document
-from flowserve.tuning.simulate import SimResult, SimStage, batch_time, simulate
+from flowserve.tuning.simulate import SimResult, SimStage, batch_time, jitter_floor, simulate
 
 PLAN_FORMAT = "flowserve-plan/1"
 #: A stage with neither a declared table nor a profile costs this (builtin plumbing such as Identity).
 NEGLIGIBLE_S = 5e-5
 MAX_BATCH = 64
-MAX_CONSUMERS = 32
+#: per stage: a cluster's worth (the search bisects, so the cap costs a few simulations, not a thousand)
+MAX_CONSUMERS = 1000
 
 
 @dataclass(frozen=True)
@@ -155,20 +162,93 @@ def cost(config: dict[str, StageConfig], prices: dict[str, float]) -> float:
 
 
 def partitions_for(config: dict[str, StageConfig], minimum: int = 1, headroom: float = 2.0) -> int:
-    """The topology's partitions under ``config``: the most consumers of any stage times ``headroom``."""
-    return max(minimum, math.ceil(max(c.consumers for c in config.values()) * headroom))
+    """The topology's partitions under ``config``: at least the most consumers of any stage times
+    ``headroom``, and up to twice that, the count that spreads most evenly over every stage's consumers
+    (the range assignor gives some consumers ``ceil(P / c)`` partitions: the worst such excess decides)."""
+    base = max(minimum, math.ceil(max(c.consumers for c in config.values()) * headroom))
+    counts = {c.consumers for c in config.values() if c.consumers > 1}
+
+    def excess(p: int) -> float:
+        return max((math.ceil(p / c) * c / p for c in counts), default=1.0)
+
+    return min(range(base, 2 * base), key=lambda p: (excess(p), p)) if counts else base
+
+
+def required_stages(options: Sequence[StageOptions]) -> set[str]:
+    """The stages every completed request passes through: the outputs and, up from them, every input of a
+    single-input or inner-join stage and what all inputs of an any-join share (a routed branch is not)."""
+    by_id = {o.id: o for o in options}
+    memo: dict[str, set[str]] = {}
+
+    def through(sid: str) -> set[str]:
+        if sid not in memo:
+            o = by_id[sid]
+            ups = [through(src) if src is not None else set() for src, _ in o.inputs]
+            shared = set.intersection(*ups) if o.join == "any" and ups else set().union(*ups)
+            memo[sid] = {sid} | shared
+        return memo[sid]
+
+    return set().union(*(through(o.id) for o in options if o.output))
+
+
+class Bounds:
+    """Lower bounds from the trace's arrival curve (:func:`curves.fewest_servers`): per stage, hardware
+    and max batch, the fewest consumers below which the simulated percentile cannot meet the SLO. They
+    hold for the simulator itself (its smallest jitter draw, the smallest hop and overhead), so pruning
+    with them never drops a configuration the simulation would accept."""
+
+    def __init__(self, options: Sequence[StageOptions], arrivals: np.ndarray, slo_s: float, *,
+                 percentile: float, hop_s: float | np.ndarray, overhead_s: float | np.ndarray, jitter: float,
+                 seed: int) -> None:
+        a = np.sort(np.asarray(arrivals, dtype=float))
+        n = a.size
+        # numpy's "higher" percentile is the sorted value at this index: this many late requests exceed it
+        self.late = n - math.ceil(percentile / 100 * (n - 1)) if n else 1
+        span = float(a[-1] - a[0]) if n > 1 else 1.0
+        self.windows, self.counts = curves.window_counts(a, 1e-3, max(span, 2e-3))
+        # a request reaches a stage at least one hop after it arrives and leaves the pipeline a hop after it
+        self.slack = slo_s - 2 * float(np.min(hop_s))
+        self.overhead = float(np.min(overhead_s))
+        self.required = required_stages(options)
+        self.options = {o.id: o for o in options}
+        self.floor = {o.id: jitter_floor(seed, i, n, jitter) for i, o in enumerate(options)}
+        self._fewest: dict[tuple[str, str, int], int] = {}
+
+    def fewest(self, stage: str, kind: str, batch: int) -> int:
+        key = (stage, kind, batch)
+        if key not in self._fewest:
+            if stage not in self.required:
+                self._fewest[key] = 1  # a routed branch sees an unknown share of the trace
+            else:
+                table = self.options[stage].tables[kind]
+                per_item = min((batch_time(table, b) * self.floor[stage] + self.overhead) / b
+                               for b in range(1, batch + 1))
+                self._fewest[key] = curves.fewest_servers(self.windows, self.counts, per_item, self.slack, self.late)
+        return self._fewest[key]
+
+    def rules_out(self, config: dict[str, StageConfig]) -> bool:
+        return any(c.consumers < self.fewest(sid, c.hardware, c.max_batch) for sid, c in config.items())
 
 
 def search(options: Sequence[StageOptions], arrivals: np.ndarray, slo_s: float, *, prices: dict[str, float],
            hop_s: float, overhead_s: float = 0.0, seed: int = 0, jitter: float = 0.05, percentile: float = 99.0,
-           min_partitions: int = 1, headroom: float = 2.0, log: Callable[[str], None] | None = None
-           ) -> tuple[dict[str, StageConfig], SimResult]:
-    """InferLine's planner search (see the module docstring); the cheapest feasible config found."""
+           min_partitions: int = 1, headroom: float = 2.0, prune: bool = True,
+           max_consumers: int = MAX_CONSUMERS, log: Callable[[str], None] | None = None,
+           counts: dict[str, int] | None = None) -> tuple[dict[str, StageConfig], SimResult]:
+    """InferLine's planner search (see the module docstring); the cheapest feasible config found.
+    ``prune=False`` simulates what the bounds would rule out (the same answer, slower: tests compare);
+    ``counts`` receives how many configurations were simulated and how many the bounds ruled out."""
+    tally = counts if counts is not None else {}
+    tally.update(simulated=0, pruned=0)
+    arrivals = np.sort(np.asarray(arrivals, dtype=float))
+    bounds = Bounds(options, arrivals, slo_s, percentile=percentile, hop_s=hop_s, overhead_s=overhead_s,
+                    jitter=jitter, seed=seed)
     cache: dict[tuple[tuple[str, str, int, int], ...], SimResult] = {}
 
     def run(config: dict[str, StageConfig]) -> SimResult:
         key = tuple(sorted((k, v.hardware, v.max_batch, v.consumers) for k, v in config.items()))
         if key not in cache:
+            tally["simulated"] += 1
             cache[key] = simulate(sim_stages(options, config), arrivals,
                                   partitions=partitions_for(config, min_partitions, headroom),
                                   hop_s=hop_s, jitter=jitter, seed=seed, overhead_s=overhead_s)
@@ -177,34 +257,52 @@ def search(options: Sequence[StageOptions], arrivals: np.ndarray, slo_s: float, 
     def ok(result: SimResult) -> bool:
         return result.percentile(percentile) <= slo_s
 
+    def meets(config: dict[str, StageConfig]) -> SimResult | None:
+        if prune and bounds.rules_out(config):
+            tally["pruned"] += 1
+            return None
+        result = run(config)
+        return result if ok(result) else None
+
     def batch_one(o: StageOptions, kind: str) -> float:
         return o.tables[kind][min(o.tables[kind])]
 
     fastest = {o.id: min(o.tables, key=functools.partial(batch_one, o)) for o in options}
-    config = {o.id: StageConfig(fastest[o.id], 1, 1) for o in options}
+    # start where the bounds allow (fewer consumers cannot meet the SLO), grow the busiest stage by a quarter
+    config = {o.id: StageConfig(fastest[o.id], 1, min(max_consumers, bounds.fewest(o.id, fastest[o.id], 1)))
+              for o in options}
     result = run(config)
     while not ok(result):
-        busiest = max((s for s in options if config[s.id].consumers < MAX_CONSUMERS),
+        busiest = max((s for s in options if config[s.id].consumers < max_consumers),
                       key=lambda s: result.stages[s.id].utilisation + result.stages[s.id].mean_wait_s, default=None)
         if busiest is None:
             raise FlowserveError(f"no configuration meets p{percentile:g} <= {slo_s * 1000:.0f} ms even with "
-                                 f"{MAX_CONSUMERS} consumers per stage on the fastest hardware; relax the SLO")
-        config = {**config, busiest.id: replace(config[busiest.id], consumers=config[busiest.id].consumers + 1)}
+                                 f"{max_consumers} consumers per stage on the fastest hardware; relax the SLO")
+        now = config[busiest.id].consumers
+        grown = min(max_consumers, now + max(1, now // 4))
+        config = {**config, busiest.id: replace(config[busiest.id], consumers=grown)}
         result = run(config)
         if log:
-            log(f"feasible start: +1 consumer on {busiest.id} -> p99 {result.percentile(percentile) * 1000:.1f} ms")
+            log(f"feasible start: {busiest.id} x{grown} -> p99 {result.percentile(percentile) * 1000:.1f} ms")
+    answers: dict[tuple[str, str, int], int] = {}  # (stage, hardware, batch) -> its fewest, last time
     while True:
         current = cost(config, prices)
         best: tuple[float, float, dict[str, StageConfig], SimResult] | None = None
-        for o in options:
-            for cand in _candidates(o, config[o.id], prices):
-                trial = {**config, o.id: cand}
-                c = cost(trial, prices)
-                if c >= current - 1e-12 or (best is not None and c > best[0]):
-                    continue
-                r = run(trial)
-                if ok(r) and (best is None or (c, r.percentile(percentile)) < (best[0], best[1])):
-                    best = (c, r.percentile(percentile), trial, r)
+
+        # each family's cheapest conceivable cost: the fewest consumers the bounds allow
+        floors = {(sid, kind, batch, most): current - config[sid].consumers * prices[config[sid].hardware]
+                  + max(1, bounds.fewest(sid, kind, batch)) * prices[kind]
+                  for sid, kind, batch, most in _families(options, config, prices, max_consumers)}
+        for family in sorted(floors, key=floors.__getitem__):
+            if best is not None and prune and floors[family] > best[0] + 1e-12:
+                break  # no family from here on can beat the best found
+            found = _fewest_feasible(config, family, meets, answers.get(family[:3]))
+            if found is not None:
+                trial, r = found
+                answers[family[:3]] = trial[family[0]].consumers
+                c, p = cost(trial, prices), r.percentile(percentile)
+                if best is None or (c, p) < (best[0], best[1]):
+                    best = (c, p, trial, r)
         if best is None:
             return config, result
         config, result = best[2], best[3]
@@ -212,26 +310,73 @@ def search(options: Sequence[StageOptions], arrivals: np.ndarray, slo_s: float, 
             log(f"cheaper: ${best[0]:.3f}/h, p99 {best[1] * 1000:.1f} ms")
 
 
-def _candidates(o: StageOptions, cfg: StageConfig, prices: dict[str, float]) -> list[StageConfig]:
-    """Cheaper variants of one stage's config, each with its batch as it is or doubled up to MAX_BATCH."""
-    batches = [cfg.max_batch]
-    while batches[-1] < MAX_BATCH:
-        batches.append(min(MAX_BATCH, batches[-1] * 2))
+def _families(options: Sequence[StageOptions], config: dict[str, StageConfig], prices: dict[str, float],
+              max_consumers: int) -> list[tuple[str, str, int, int]]:
+    """The cheaper variants of each stage as (stage, hardware, max batch, most consumers that keep it
+    cheaper): its hardware with fewer consumers, or the next cheaper kind; the batch as it is or doubled up
+    to MAX_BATCH (cost does not depend on the batch)."""
     out = []
-    if cfg.consumers > 1:
-        out += [StageConfig(cfg.hardware, b, cfg.consumers - 1) for b in batches]
-    now = cfg.consumers * prices[cfg.hardware]
-    cheaper = sorted((k for k in o.tables if prices[k] < prices[cfg.hardware]), key=lambda k: -prices[k])
-    if cheaper:
-        kind = cheaper[0]
-        most = max(1, math.ceil(now / prices[kind]) - 1)
-        out += [StageConfig(kind, b, n) for n in range(1, min(most, MAX_CONSUMERS) + 1) for b in batches]
+    for o in options:
+        cfg = config[o.id]
+        batches = [cfg.max_batch]
+        while batches[-1] < MAX_BATCH:
+            batches.append(min(MAX_BATCH, batches[-1] * 2))
+        now = cfg.consumers * prices[cfg.hardware]
+        kinds = [(cfg.hardware, cfg.consumers - 1)]
+        cheaper = sorted((k for k in o.tables if prices[k] < prices[cfg.hardware]), key=lambda k: -prices[k])
+        if cheaper:
+            kinds.append((cheaper[0], min(max_consumers, max(1, math.ceil(now / prices[cheaper[0]]) - 1))))
+        out += [(o.id, kind, b, most) for kind, most in kinds if most >= 1 for b in batches]
     return out
+
+
+def _fewest_feasible(config: dict[str, StageConfig], family: tuple[str, str, int, int],
+                     meets: Callable[[dict[str, StageConfig]], SimResult | None], hint: int | None = None
+                     ) -> tuple[dict[str, StageConfig], SimResult] | None:
+    """The fewest consumers in ``family`` that meet the SLO (latency falls as consumers grow): galloping
+    out from ``hint`` (this family's answer in the previous round: one stage changed since, so the answer
+    moved little), then bisecting; plain bisection of [1, most] without a hint. The probes depend only on
+    the answers, so the bounds answering some of them change nothing but the time taken."""
+    sid, kind, batch, most = family
+    results: dict[int, SimResult | None] = {}
+
+    def feasible(c: int) -> bool:
+        if c not in results:
+            results[c] = meets({**config, sid: StageConfig(kind, batch, c)})
+        return results[c] is not None
+
+    # lo: the fewest not known to fail; hi: the fewest known to meet the SLO (most + 1: none known)
+    lo, hi = 1, most + 1
+    if hint is not None:
+        h = min(max(hint, 1), most)
+        step = 1
+        if feasible(h):
+            hi = h
+            while hi - step >= 1 and feasible(hi - step):
+                hi, step = hi - step, step * 2
+            lo = max(1, hi - step + 1)
+        else:
+            lo = h + 1
+            while lo + step - 1 <= most and not feasible(lo + step - 1):
+                lo, step = lo + step, step * 2
+            hi = min(most + 1, lo + step - 1)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    if hi > most or not feasible(hi):
+        return None
+    found = results[hi]
+    assert found is not None  # noqa: S101 - feasible(hi) holds
+    return {**config, sid: StageConfig(kind, batch, hi)}, found
 
 
 def make_plan(topology: Topology, arrivals: np.ndarray, slo_ms: float, *, hop_ms: float,
               overhead_ms: float = 0.0, prices: dict[str, float] | None = None, headroom: float = 2.0,
-              seed: int = 0, log: Callable[[str], None] | None = None) -> Plan:
+              seed: int = 0, log: Callable[[str], None] | None = None,
+              counts: dict[str, int] | None = None) -> Plan:
     """Plan ``topology`` for the trace ``arrivals`` and the end-to-end p99 objective ``slo_ms``, with
     ``hop_ms`` per Kafka hop and ``overhead_ms`` per batch besides the device (both measured on the target)."""
     prices = prices or {k: h.price_per_hour for k, h in hw.HARDWARE.items()}
@@ -242,7 +387,7 @@ def make_plan(topology: Topology, arrivals: np.ndarray, slo_ms: float, *, hop_ms
             raise FlowserveError(f"node '{o.id}' runs on none of the hardware kinds priced ({', '.join(prices)})")
     config, result = search(options, arrivals, slo_ms / 1000, prices=prices, hop_s=hop_ms / 1000,
                             overhead_s=overhead_ms / 1000, seed=seed, min_partitions=topology.spec.partitions,
-                            headroom=headroom, log=log)
+                            headroom=headroom, log=log, counts=counts)
     partitions = partitions_for(config, topology.spec.partitions, headroom)
     predicted = {"p50_ms": result.percentile(50) * 1000, "p99_ms": result.percentile(99) * 1000,
                  "attainment": result.attainment(slo_ms / 1000), "cost_per_hour": cost(config, prices),
