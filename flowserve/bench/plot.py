@@ -154,7 +154,7 @@ def capture(fig: Any, result: dict[str, Any]) -> None:
 
 
 def tuner(fig: Any, result: dict[str, Any]) -> None:
-    """The tuner against static and reactive provisioning per trace (attainment, cost), and the simulator's
+    """The tuner against static and KEDA provisioning per trace (attainment, cost), and the simulator's
     p99 against the live p99 per pipeline, for the sections the result holds."""
     rows = result.get("tuner") or []
     sims = [r for r in result.get("simulate") or [] if "error" not in r]

@@ -311,6 +311,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from flowserve.bench.chaos import chaos_bench
 
         result = chaos_bench(args)
+    elif args.workload == "tuner" and args.part == "planner":  # the planner and simulator alone: no broker
+        from flowserve.bench.planner_speed import planner_bench
+
+        result = planner_bench(log=console.print)
     else:  # Apache Kafka as its start script runs it: the test suite's fast-start JVM would be measured instead
         with _broker(args.broker, args.broker_kind, server_jvm=True) as kafka:
             result = run_bench(args.workload, kafka, args)
@@ -487,7 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", metavar="PATH", help="also write the result with its command, date and machine to "
                    "this JSON file (a folder: PATH/WORKLOAD.json); docs/benchmarks.md is generated from "
                    "benchmarks/results/")
-    p.add_argument("--part", choices=["simulate", "tuner"], help="tuner: run one section of the bench")
+    p.add_argument("--part", choices=["simulate", "tuner", "planner"],
+                   help="tuner: run one section of the bench (planner: how long planning 2,000 and 10,000 req/s takes)")
     p.add_argument("--tuner-rate", type=float, default=30.0, help="tuner, simulate: base request rate")
     p.add_argument("--trace-seconds", type=float, default=40.0, help="tuner, simulate: length of each trace")
     p.add_argument("--slo-ms", type=float, default=600.0, help="tuner: end-to-end SLO")

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from flowserve.deploy.keda import lag_thresholds
 from flowserve.errors import ErrorKind, FlowserveError
 from flowserve.topology.graph import Topology
 from flowserve.topology.names import deployment_name, k8s_name
@@ -43,6 +44,9 @@ class NodePlan:
     memory_limit: str = "2Gi"
     gpu: int = 0  # accelerator stages: GPUs per consumer (requests nvidia.com/gpu, runs the CUDA image)
     max_replicas: int | None = None  # KEDA's ceiling (default: the topology's partitions)
+    #: records/s one consumer handles (measured, or the plan's latency table at its batch): with the plan's
+    #: slo_ms it sets KEDA's lagThreshold (flowserve.deploy.keda); without, the threshold is 100
+    throughput: float | None = None
 
 
 @dataclass(frozen=True)
@@ -54,11 +58,15 @@ class Plan:
         partitions: 8
         replication_factor: 3
         image: registry.example/flowserve:1.0
+        slo_ms: 400
         nodes:
-          model: {replicas: 2, cpu: "2", memory: 2Gi, gpu: 1}
+          model: {replicas: 2, cpu: "2", memory: 2Gi, gpu: 1, throughput: 120}
     """
 
     partitions: int | None = None
+    #: the end-to-end SLO; with each node's throughput, KEDA's lagThreshold is what a consumer drains within
+    #: its share of it (flowserve.deploy.keda)
+    slo_ms: float | None = None
     replication_factor: int = 3
     min_insync_replicas: int = 2
     image: str = "flowserve:latest"
@@ -140,12 +148,15 @@ def kubernetes(topology: Topology, path: str, plan: Plan) -> list[dict[str, Any]
             "spec": {"topicName": topic, "partitions": 1 if topic == topology.control_topic else partitions,
                      "replicas": plan.replication_factor, "config": configs},
         })
+    thresholds = lag_thresholds(topology, plan.slo_ms / 1000 if plan.slo_ms is not None else None,
+                                {n: plan.node(topology, n).throughput for n in topology.nodes})
     for node_id in topology.nodes:
         node = plan.node(topology, node_id)
         deployment = deployment_name(topology.name, node_id)
         objs.append(_deployment(deployment, {**labels, "flowserve/node": node_id}, name, node, plan,
                                 _worker_command(topology, path, node_id, bootstrap)))
-        objs.append(_scaled_object(topology, node_id, deployment, node, bootstrap, partitions))
+        objs.append(_scaled_object(topology, node_id, deployment, node, bootstrap, partitions,
+                                   thresholds[node_id]))
     gw = k8s_name(name, "gateway")
     gateway = _deployment(gw, {**labels, "flowserve/node": "gateway"}, name, NodePlan(), plan,
                           ["gateway", path, "--broker", bootstrap, "--host", ALL_INTERFACES,
@@ -210,11 +221,13 @@ def _deployment(name: str, labels: dict[str, str], config: str, node: NodePlan, 
 
 
 def _scaled_object(topology: Topology, node_id: str, deployment: str, node: NodePlan, bootstrap: str,
-                   partitions: int) -> dict[str, Any]:
-    """KEDA scales the node's consumers on its group's lag, up to one consumer per partition."""
+                   partitions: int, lag_threshold: int) -> dict[str, Any]:
+    """KEDA scales the node's consumers on its group's lag, from the plan's replicas up to one consumer per
+    partition; KEDA's and the HPA's other settings stay at their defaults (flowserve.bench.keda lists them)."""
     triggers = [{"type": "kafka", "metadata": {
         "bootstrapServers": bootstrap, "consumerGroup": topology.group_id(node_id), "topic": topic,
-        "lagThreshold": "100", "offsetResetPolicy": "earliest"}} for topic in _input_topics(topology, node_id)]
+        "lagThreshold": str(lag_threshold), "offsetResetPolicy": "earliest"}}
+        for topic in _input_topics(topology, node_id)]
     return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
             "metadata": {"name": deployment, "labels": {"flowserve/topology": topology.name}},
             "spec": {"scaleTargetRef": {"name": deployment}, "minReplicaCount": node.replicas,

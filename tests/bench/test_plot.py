@@ -114,7 +114,7 @@ RESULTS = {
                                                   "p99_detector_vs_none": {"ratio": 1.02, "95ci": [0.97, 1.08]}}},
     "tuner": {"workload": "tuner", "hop_ms": 5.0, "tuner": [
         {"trace": t, "contender": c, "attainment": 0.9 + 0.01 * i, "cost_dollars": 0.01 * (i + 1)}
-        for t in ("steady", "step") for i, c in enumerate(("static", "reactive", "tuner"))],
+        for t in ("steady", "step") for i, c in enumerate(("static", "keda", "tuner"))],
         "simulate": [{"pipeline": "image-processing", "sim_p99_ms": 90.0, "live_p99_ms": 100.0},
                      {"pipeline": "cascade", "error": "no plan meets the SLO"}]},
     "simulate": {"workload": "tuner", "hop_ms": 5.0, "tuner": [],

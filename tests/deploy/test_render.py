@@ -16,6 +16,8 @@ import yaml
 
 from flowserve.cli import main
 from flowserve.deploy import NodePlan, Plan, render
+from flowserve.deploy.keda import DEFAULT_LAG_THRESHOLD
+from flowserve.errors import FlowserveError
 from flowserve.topology import load_topology
 
 ROOT = Path(__file__).parents[2]
@@ -112,6 +114,23 @@ def test_a_plan_sets_replicas_partitions_and_gpus() -> None:
     assert next(o for o in objs if o["kind"] == "ScaledObject")["spec"]["maxReplicaCount"] == 8
     for obj in objs:
         validate_k8s(obj)
+
+
+def test_a_plan_with_throughputs_and_an_slo_derives_each_lag_threshold() -> None:
+    """lagThreshold: what one consumer drains within its share of the SLO (flowserve.deploy.keda); the default
+    where the plan gives no throughput."""
+    topology = load_topology(ROOT / "topologies" / "digits.yaml")  # pre -> model -> post: 3 stages
+    plan = Plan(slo_ms=300, nodes={"model": NodePlan(replicas=2, throughput=250.0)})
+    objs = list(yaml.safe_load_all(render(topology, plan=plan)["k8s.yaml"]))
+    scaled = {o["metadata"]["name"]: o["spec"] for o in objs if o["kind"] == "ScaledObject"}
+    model = scaled["flowserve-digits-model"]
+    assert model["minReplicaCount"] == 2
+    assert [t["metadata"]["lagThreshold"] for t in model["triggers"]] == ["25"]  # 250/s x 0.1 s
+    assert scaled["flowserve-digits-pre"]["triggers"][0]["metadata"]["lagThreshold"] == str(DEFAULT_LAG_THRESHOLD)
+    for obj in objs:
+        validate_k8s(obj)
+    with pytest.raises(FlowserveError, match="slo_ms"):
+        render(topology, plan=Plan(nodes={"model": NodePlan(throughput=250.0)}))
 
 
 def test_the_command_writes_the_files(tmp_path: Path) -> None:
