@@ -2,17 +2,19 @@
 
 A two-stage topology of pass-through stages (``pre`` → ``model`` ×2) runs on Apache Kafka the way
 ``flowserve run`` runs it: each worker its own OS process under :class:`~flowserve.runtime.supervise.Supervisor`,
-and a ``flowserve gateway`` process in front. Two callers send at fixed rates for the whole run: HTTP (V2
+and ``flowserve gateway`` processes in front (two by default, sharing one port as ``flowserve gateway
+--processes 2`` runs them). Two callers send at fixed rates for the whole run: HTTP (V2
 JSON through the gateway) and asynchronous (:class:`~flowserve.client.TopologyClient` over Kafka). Meanwhile
 faults come at seeded random intervals: SIGKILL of a worker (the supervisor restarts it), SIGSTOP of a
-worker for a few seconds, a gateway restart on the same port, and with ``--nodes 3`` a broker node killed
+worker for a few seconds, a gateway process killed and started again on the same port (one at a time,
+so with two gateways one is always serving), and with ``--nodes 3`` a broker node killed
 and restarted or frozen for a few seconds (``--no-pause-broker`` leaves the freezes out).
 
-At the end it checks, independently:
+At the end it checks, independently (:mod:`flowserve.bench.chaos_account` turns this into figures and targets):
 
-- at the callers: every request has exactly one outcome: a result, an error result with its reason, or
-  (HTTP only) a failed call because the gateway it was talking to died; an async request without a reply
-  is *lost*;
+- at the callers: each request's outcome (a result, an error result with its reason, an HTTP call refused
+  or cut by a gateway's death, a send the client was told failed), and every answer that reached a caller,
+  so that one answered twice shows; an async request without a reply is *lost*;
 - on the topics: every request id written to the inputs topic is answered on the outputs topic or a
   gateway's reply topic; duplicates (at-least-once redelivery after a kill) are counted, not hidden;
 - every node's consumer group is back to zero lag;
@@ -25,30 +27,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import tempfile
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.table import Table
 
+from flowserve.bench.chaos_account import Callers, account, expected_row, print_result
 from flowserve.bench.chaos_audit import MemoryLog, audit_topics, wait_lag_zero
+from flowserve.bench.chaos_gateways import Gateways
 from flowserve.bench.common import console
 from flowserve.client import TopologyClient
 from flowserve.client.http import AsyncHttpClient
 from flowserve.client.traffic import wait_ready
 from flowserve.kafka.brokers import DEV_JVM, ApacheKafka, Broker, free_port
 from flowserve.kafka.replies import Reply
-from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import ProcessHost, create_topology_topics
 from flowserve.runtime.supervise import RestartPolicy, Supervisor
 from flowserve.topology import load_topology
@@ -88,6 +88,8 @@ class ChaosConfig:
     pause_broker: bool = True
     #: after the traffic stops: how long replies and lag may take to settle
     settle_s: float = 180.0
+    #: gateway processes sharing the HTTP port (SO_REUSEPORT), restarted one at a time
+    gateways: int = 2
 
 
 @dataclass
@@ -98,66 +100,8 @@ class Fault:
     note: str = ""
 
 
-@dataclass
-class Callers:
-    """Each request's one outcome at its caller, by request id."""
-
-    http: dict[str, str] = field(default_factory=dict)  # rid -> "ok" | "error: reason" | "failed: reason"
-    http_sent: int = 0
-    async_futures: dict[str, asyncio.Future[Reply]] = field(default_factory=dict)
-    async_send_errors: dict[str, str] = field(default_factory=dict)
-    wrong_values: list[str] = field(default_factory=list)
-
-
-class Gateway:
-    """A ``flowserve gateway`` process on a fixed port that the chaos run kills and starts again."""
-
-    def __init__(self, topology_path: Path, kafka: KafkaSettings, port: int, log: Path) -> None:
-        self.topology_path, self.kafka, self.port, self.log = topology_path, kafka, port, log
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", FLOWSERVE_FETCH_MAX_WAIT_MS=str(self.kafka.fetch_max_wait_ms),
-                   FLOWSERVE_IDEMPOTENCE="1" if self.kafka.idempotence else "0")
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "flowserve", "gateway", str(self.topology_path),
-                                          "--broker", self.kafka.bootstrap, "--port", str(self.port)],
-                                         stdout=out, stderr=subprocess.STDOUT, env=env)
-        self.starts += 1
-
-    async def ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        http = AsyncHttpClient(f"http://127.0.0.1:{self.port}", timeout_s=5.0)
-        try:
-            while time.monotonic() < deadline:
-                if self.proc is not None and self.proc.poll() is not None:
-                    raise RuntimeError(f"the gateway exited with {self.proc.returncode}; see {self.log}")
-                with contextlib.suppress(OSError, TimeoutError, asyncio.IncompleteReadError):
-                    if (await http.get("/v2/health/ready")).status == 200:
-                        return
-                await asyncio.sleep(0.2)  # polling a starting server, not a synchronisation
-        finally:
-            await http.close()
-        raise RuntimeError(f"the gateway on port {self.port} was not ready within {timeout_s:g} s")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 def _row(i: int) -> np.ndarray:
-    return np.full((1, 4), float(i % 100_000), np.float32)
+    return expected_row(f"r{i}")
 
 
 def _body(rid: str, i: int) -> bytes:
@@ -173,14 +117,23 @@ async def _http_traffic(port: int, model: str, rate: float, until: float, caller
     async def one(rid: str, i: int) -> None:
         try:
             reply = await http.request("POST", f"/v2/models/{model}/infer", _body(rid, i), _JSON)
-        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
-            callers.http[rid] = f"failed: {type(exc).__name__}"
+        except ConnectionRefusedError as exc:  # nobody listened on the port
+            callers.http[rid] = f"refused: {type(exc).__name__}"
+            return
+        except TimeoutError as exc:  # before OSError: it is one
+            callers.http[rid] = f"timeout: {type(exc).__name__}"
+            return
+        except (OSError, asyncio.IncompleteReadError) as exc:  # the gateway holding the call died
+            callers.http[rid] = f"cut: {type(exc).__name__}"
             return
         if reply.status == 200:
-            if not np.array_equal(reply.outputs()["y"], _row(i)):
+            answered = _response_id(reply.body) or rid
+            callers.deliveries[answered] += 1
+            if answered != rid or not np.array_equal(reply.outputs()["y"], _row(i)):
                 callers.wrong_values.append(rid)
             callers.http[rid] = "ok"
         else:
+            callers.deliveries[rid] += 1
             callers.http[rid] = f"error: {reply.status} {(reply.error or '')[:60]}"
 
     i = 0
@@ -201,8 +154,22 @@ async def _http_traffic(port: int, model: str, rate: float, until: float, caller
     await http.close()
 
 
-async def _async_traffic(client: TopologyClient, rate: float, until: float, callers: Callers) -> None:
+def _response_id(body: bytes) -> str | None:
+    """The request id a V2 JSON response says it answers."""
+    with contextlib.suppress(ValueError, AttributeError):
+        rid = json.loads(body).get("id")
+        return rid if isinstance(rid, str) else None
+    return None
+
+
+async def _async_traffic(client: TopologyClient, rate: float, until: float, callers: Callers,
+                         futures: dict[str, asyncio.Future[Reply]]) -> None:
     """Every 100 ms, the requests due by then in one flush; each request's reply future is kept."""
+
+    def delivered(rid: str, fut: asyncio.Future[Reply]) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            callers.deliveries[rid] += 1
+
     i = 0
     start = time.monotonic()
     while (now := time.monotonic()) < until:
@@ -210,7 +177,8 @@ async def _async_traffic(client: TopologyClient, rate: float, until: float, call
         batch = []
         while i < due:
             rid = f"a{i}"
-            callers.async_futures[rid] = client.expect(rid)
+            futures[rid] = client.expect(rid)
+            futures[rid].add_done_callback(functools.partial(delivered, rid))
             await client.queue({"x": _row(i)}, request_id=rid)
             batch.append(rid)
             i += 1
@@ -222,12 +190,30 @@ async def _async_traffic(client: TopologyClient, rate: float, until: float, call
         await asyncio.sleep(0.1)
 
 
+async def _unclaimed(client: TopologyClient, callers: Callers) -> None:
+    """Replies the client hands on although nobody waited for them (an id it no longer knew): each one
+    reached the caller, so one for an id already answered is a duplicate that got through."""
+    while True:
+        reply = await client.replies()
+        callers.deliveries[reply.request_id] += 1
+
+
+def async_outcomes(futures: dict[str, asyncio.Future[Reply]]) -> dict[str, Reply | BaseException | None]:
+    """Each async request's reply, the exception its send ended with, or None (none by now: cancelled)."""
+    out: dict[str, Reply | BaseException | None] = {}
+    for rid, fut in futures.items():
+        if not fut.done():
+            fut.cancel()
+        out[rid] = None if fut.cancelled() else (fut.exception() or fut.result())
+    return out
+
+
 class Faults:
     """Seeded random faults, one at a time, each logged with its time and target."""
 
-    def __init__(self, cfg: ChaosConfig, host: ProcessHost, gateway: Gateway, broker: ApacheKafka | None,
+    def __init__(self, cfg: ChaosConfig, host: ProcessHost, gateways: Gateways, broker: ApacheKafka | None,
                  t0: float) -> None:
-        self.cfg, self.host, self.gateway, self.broker, self.t0 = cfg, host, gateway, broker, t0
+        self.cfg, self.host, self.gateways, self.broker, self.t0 = cfg, host, gateways, broker, t0
         self.rng = random.Random(cfg.seed)
         self.log: list[Fault] = []
         self.kinds = ["kill-worker", "stop-worker", "restart-gateway"]
@@ -279,12 +265,13 @@ class Faults:
             finally:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGCONT)
-        elif kind == "restart-gateway":
-            pid = self.gateway.proc.pid if self.gateway.proc else 0
-            self.gateway.kill()
-            self._note(kind, f"gateway pid {pid}", f"port {self.gateway.port}")
-            self.gateway.start()
-            await self.gateway.ready()
+        elif kind == "restart-gateway":  # one at a time: the others keep the port served meanwhile
+            slot = self.rng.randrange(len(self.gateways.procs))
+            old = self.gateways.procs[slot]
+            self.gateways.kill(slot)
+            self._note(kind, f"gateway[{slot}] pid {old.pid if old else 0}", f"port {self.gateways.port}")
+            self.gateways.start(slot)
+            await self.gateways.listening(slot)
         elif kind == "kill-broker" and self.broker is not None:
             b = self.rng.randrange(self.cfg.nodes)
             down = self.rng.uniform(3.0, 8.0)
@@ -303,10 +290,9 @@ class Faults:
                 self.broker.resume_node(b)
 
 
-def _roles(host: ProcessHost, gateway: Gateway, broker: Broker) -> list[tuple[str, int]]:
+def _roles(host: ProcessHost, gateways: Gateways, broker: Broker) -> list[tuple[str, int]]:
     roles = [(f"worker {node}[{i}]", p.pid) for node, procs in host.procs.items() for i, p in enumerate(procs)]
-    if gateway.proc is not None:
-        roles.append(("gateway", gateway.proc.pid))
+    roles += [(f"gateway[{i}]", p.pid) for i, p in enumerate(gateways.procs) if p is not None]
     # a broker node keeps its role across restarts, so its memory reads as one series
     pids = broker.node_pids if isinstance(broker, ApacheKafka) else list(broker.pids)
     roles += [(f"broker node {i}", pid) for i, pid in enumerate(pids) if pid is not None]
@@ -353,132 +339,61 @@ async def _run(cfg: ChaosConfig, broker: Broker, topology: Topology, topology_pa
     supervisor = Supervisor(host, RestartPolicy(initial_backoff_s=0.2, max_backoff_s=2.0, max_quick_deaths=10_000),
                             report=lambda line: console.print(f"  [yellow]supervisor[/] {line}"))
     supervisor.start()
-    gateway = Gateway(topology_path, kafka, free_port(), workdir / "gateway.log")
-    gateway.start()
+    gateways = Gateways(topology_path, kafka, free_port(), workdir, cfg.gateways)
+    for slot in range(cfg.gateways):
+        gateways.start(slot)
     client = TopologyClient(topology, kafka)
     callers = Callers()
+    futures: dict[str, asyncio.Future[Reply]] = {}
     memory = MemoryLog()
     stop_sampling = asyncio.Event()
+    unclaimed: asyncio.Task[None] | None = None
     try:
         await client.start()
-        await gateway.ready()
+        await gateways.ready()
         await wait_ready(client, {"x": _row(0)}, timeout_s=180)
-        console.print(f"chaos: {cfg.seconds:g} s of traffic (HTTP {cfg.http_rate:g}/s, async {cfg.async_rate:g}/s), "
-                      f"a fault every ~{cfg.fault_every_s:g} s (seed {cfg.seed}); faults:")
+        unclaimed = asyncio.create_task(_unclaimed(client, callers))
+        console.print(f"chaos: {cfg.seconds:g} s of traffic (HTTP {cfg.http_rate:g}/s through {cfg.gateways} "
+                      f"gateway(s) on one port, async {cfg.async_rate:g}/s), a fault every ~{cfg.fault_every_s:g} s "
+                      f"(seed {cfg.seed}); faults:")
         t0 = time.monotonic()
         until = t0 + cfg.seconds
-        faults = Faults(cfg, host, gateway, broker if isinstance(broker, ApacheKafka) else None, t0)
-        sampler = asyncio.create_task(_sample_memory(memory, lambda: _roles(host, gateway, broker),
+        faults = Faults(cfg, host, gateways, broker if isinstance(broker, ApacheKafka) else None, t0)
+        sampler = asyncio.create_task(_sample_memory(memory, lambda: _roles(host, gateways, broker),
                                                      max(1.0, cfg.seconds / 200), stop_sampling))
-        await asyncio.gather(_http_traffic(gateway.port, topology.name, cfg.http_rate, until, callers),
-                             _async_traffic(client, cfg.async_rate, until, callers),
+        await asyncio.gather(_http_traffic(gateways.port, topology.name, cfg.http_rate, until, callers),
+                             _async_traffic(client, cfg.async_rate, until, callers, futures),
                              faults.run(until))
         console.print(f"chaos: traffic stopped at {time.monotonic() - t0:.1f} s; waiting for replies and lag")
-        pending = [f for f in callers.async_futures.values() if not f.done()]
+        pending = [f for f in futures.values() if not f.done()]
         if pending:
             await asyncio.wait(pending, timeout=cfg.settle_s)
         lag = await wait_lag_zero(kafka, topology, cfg.settle_s)
         audit = await audit_topics(kafka, topology)
         stop_sampling.set()
         await sampler
-        return _account(cfg, callers, faults.log, audit, lag, memory, client.duplicates, supervisor.restarts,
-                        gateway.starts - 1)
+        callers.async_outcomes = async_outcomes(futures)
+        result = {"workload": "chaos", "seconds": cfg.seconds, "seed": cfg.seed, "nodes": cfg.nodes,
+                  "faults": [{"at_s": round(f.at_s, 1), "kind": f.kind, "target": f.target, "note": f.note}
+                             for f in faults.log],
+                  "worker_restarts": supervisor.restarts, "gateway_restarts": gateways.starts - cfg.gateways,
+                  **account(callers, audit, lag, memory.summary(), client_dropped=client.duplicates,
+                            gateways=cfg.gateways)}
+        print_result(result)
+        return result
     finally:
         stop_sampling.set()
+        if unclaimed is not None:
+            unclaimed.cancel()
         await client.stop()
         supervisor.stop()
-        gateway.stop()
+        gateways.stop()
         host.stop()
-
-
-def _account(cfg: ChaosConfig, callers: Callers, faults: list[Fault], audit: Any, lag: dict[str, int],
-             memory: MemoryLog, caller_duplicates: int, restarts: int, gateway_restarts: int) -> dict[str, Any]:
-    http = Counter(v.split(":", 1)[0] for v in callers.http.values())
-    http_reasons = Counter(v for v in callers.http.values() if v != "ok")
-    async_ok = async_err = 0
-    async_reasons: Counter[str] = Counter()
-    lost: list[str] = []
-    for rid, fut in callers.async_futures.items():
-        if not fut.done():
-            fut.cancel()
-            if rid in callers.async_send_errors:
-                async_reasons[f"send failed: {callers.async_send_errors[rid]}"] += 1
-                async_err += 1
-            else:
-                lost.append(rid)
-            continue
-        reply = fut.result()
-        if reply.error is None:
-            async_ok += 1
-            if not np.array_equal(reply.tensors["y"], _row(int(rid[1:]))):
-                callers.wrong_values.append(rid)
-        else:
-            async_err += 1
-            async_reasons[reply.error[:70]] += 1
-    http_answered = sum(http.values())
-    unanswered = audit.unanswered
-    mem = memory.summary()
-
-    table = Table(title="chaos: faults")
-    for col in ("time (s)", "fault", "target", ""):
-        table.add_column(col)
-    for f in faults:
-        table.add_row(f"{f.at_s:.1f}", f.kind, f.target, f.note)
-    console.print(table)
-    acc = Table(title="chaos: accounting")
-    for col in ("caller", "sent", "ok", "error result", "failed (gateway down)", "lost", "duplicates dropped"):
-        acc.add_column(col, justify="right")
-    acc.add_row("HTTP (gateway)", str(callers.http_sent), str(http["ok"]), str(http["error"]), str(http["failed"]),
-                str(callers.http_sent - http_answered), "-")
-    acc.add_row("async (Kafka client)", str(len(callers.async_futures)), str(async_ok), str(async_err), "-",
-                str(len(lost)), str(caller_duplicates))
-    console.print(acc)
-    for reason, n in (http_reasons + async_reasons).most_common(8):
-        console.print(f"  {n:6d} × {reason}")
-    topics = Table(title="chaos: topics (records / distinct request ids)")
-    topics.add_column("topic")
-    topics.add_column("records", justify="right")
-    topics.add_column("distinct ids", justify="right")
-    for name, (records, distinct) in audit.per_topic.items():
-        topics.add_row(name, str(records), str(distinct))
-    console.print(topics)
-    console.print(f"inputs answered on some reply topic: {len(audit.inputs) - len(unanswered)} of {len(audit.inputs)}; "
-                  f"unanswered {len(unanswered)} {unanswered[:5]}; duplicate answers {audit.duplicate_answers}; "
-                  f"lag {lag}; worker restarts {restarts}; gateway restarts {gateway_restarts}")
-    mt = Table(title="chaos: resident memory (MiB)")
-    for col in ("process", "max", "middle third", "last third", "bounded"):
-        mt.add_column(col, justify="right")
-    for role, m in sorted(mem.items()):
-        mt.add_row(role, f"{m['max_mib']:.0f}", f"{m['middle_mib']:.0f}", f"{m['last_mib']:.0f}", str(m["bounded"]))
-    console.print(mt)
-
-    targets = {
-        "lost_zero": not lost and not unanswered and not callers.wrong_values,
-        "lag_zero": bool(lag) and all(v == 0 for v in lag.values()),
-        "memory_bounded": bool(mem) and all(bool(m["bounded"]) for m in mem.values()),
-        "every_request_answered_once": http_answered == callers.http_sent and not lost,
-    }
-    return {
-        "workload": "chaos", "seconds": cfg.seconds, "seed": cfg.seed, "nodes": cfg.nodes,
-        "faults": [{"at_s": round(f.at_s, 1), "kind": f.kind, "target": f.target, "note": f.note} for f in faults],
-        "http": {"sent": callers.http_sent, "ok": http["ok"], "error": http["error"], "failed": http["failed"],
-                 "unanswered": callers.http_sent - http_answered},
-        "async": {"sent": len(callers.async_futures), "ok": async_ok, "error": async_err, "lost": len(lost),
-                  "duplicates_dropped": caller_duplicates},
-        "lost": len(lost) + len(unanswered), "lost_ids": (lost + unanswered)[:20],
-        "wrong_values": len(callers.wrong_values),
-        "topics": {"inputs_ids": len(audit.inputs), "unanswered_ids": len(unanswered),
-                   "duplicate_answers": audit.duplicate_answers, "per_topic": audit.per_topic},
-        "lag": lag, "worker_restarts": restarts, "gateway_restarts": gateway_restarts,
-        "memory_mib": {role: {k: round(v, 1) if isinstance(v, float) else v for k, v in m.items()}
-                       for role, m in mem.items()},
-        "targets": targets,
-    }
 
 
 def chaos_bench(args: Any) -> dict[str, Any]:
     """``flowserve bench chaos``: the command line's options to a :class:`ChaosConfig`, then the run."""
     cfg = ChaosConfig(seconds=args.minutes * 60, seed=args.seed, nodes=args.nodes,
                       http_rate=args.chaos_rate, async_rate=args.chaos_rate, fault_every_s=args.fault_every,
-                      pause_broker=args.pause_broker)
+                      pause_broker=args.pause_broker, gateways=args.gateways)
     return asyncio.run(chaos(cfg))
