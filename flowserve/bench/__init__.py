@@ -8,6 +8,10 @@ from typing import Any
 
 from flowserve.kafka.settings import KafkaSettings
 
+#: every ``flowserve bench`` workload (benchmarks/render.py lists the ones with no saved result)
+WORKLOADS = ("passthrough", "latency", "gateway", "capture", "batching", "tuner", "simulate", "parity", "scale",
+             "broker", "learn", "learn-cache", "learn-selection", "learn-ensemble", "learn-continual", "chaos")
+
 
 def run_bench(workload: str, kafka: KafkaSettings, args: argparse.Namespace) -> dict[str, Any]:
     if workload == "passthrough":

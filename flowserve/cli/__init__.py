@@ -311,6 +311,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from flowserve.bench.chaos import chaos_bench
 
         result = chaos_bench(args)
+    elif args.workload == "tuner" and args.simulated:  # the contenders in the simulated cluster: no broker
+        from flowserve.bench.tuner_sim import DEFAULT_PIPELINES, simulated_bench
+
+        result = simulated_bench(args.pipelines or DEFAULT_PIPELINES, trace_file=args.trace, log=console.print)
     elif args.workload == "tuner" and args.part == "planner":  # the planner and simulator alone: no broker
         from flowserve.bench.planner_speed import planner_bench
 
@@ -464,9 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
     planning_commands(sub)  # trace, simulate, plan, tune
 
     p = sub.add_parser("bench", help="benchmarks: flowserve and its baseline in one run, with the ratio")
-    p.add_argument("workload", choices=["passthrough", "latency", "gateway", "capture", "batching", "tuner",
-                                        "simulate", "parity", "scale", "broker", "learn", "learn-cache",
-                                        "learn-selection", "learn-ensemble", "learn-continual", "chaos"])
+    from flowserve.bench import WORKLOADS
+
+    p.add_argument("workload", choices=WORKLOADS)
     broker_opts(p)
     p.add_argument("--records", type=int, default=200_000, help="passthrough: records per contender")
     p.add_argument("--rate", type=float, default=50.0, help="latency, capture's detector part: requests per second")
@@ -493,6 +497,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "benchmarks/results/")
     p.add_argument("--part", choices=["simulate", "tuner", "planner"],
                    help="tuner: run one section of the bench (planner: how long planning 2,000 and 10,000 req/s takes)")
+    p.add_argument("--simulated", action="store_true",
+                   help="tuner: static, KEDA, the tuner and a clairvoyant oracle at cluster scale in the simulated "
+                   "cluster, one-hour traces peaking at 2,000 req/s (no broker)")
+    p.add_argument("--trace", metavar="FILE",
+                   help="tuner --simulated: also run this trace file (flowserve trace record)")
+    p.add_argument("--pipelines", nargs="+", default=None,
+                   help="tuner --simulated: the emulated pipelines (default image-processing)")
     p.add_argument("--tuner-rate", type=float, default=30.0, help="tuner, simulate: base request rate")
     p.add_argument("--trace-seconds", type=float, default=40.0, help="tuner, simulate: length of each trace")
     p.add_argument("--slo-ms", type=float, default=600.0, help="tuner: end-to-end SLO")

@@ -23,7 +23,8 @@ the earliest for an any-join), and each consumer's queue is one pass over its re
 plain Python otherwise). A consumer that frees at ``t`` takes what reached it at or before ``t``; a request
 that finds its consumer idle is served alone at once.
 
-Not modelled: rebalance pauses (a static plan has none; the tuner's actions pay one live), fetch batching
+Not modelled here: rebalance pauses and consumers that change over time (a static plan has neither;
+:mod:`flowserve.tuning.cluster` runs the same stages with both, through :func:`_serve_epochs`), fetch batching
 beyond ``hop_s``, and CPU contention between stages beyond what ``overhead_s`` averages.
 
 >>> from flowserve.tuning.simulate import SimStage, simulate
@@ -59,6 +60,21 @@ def kernel() -> Callable[..., Any]:
         else:
             _KERNEL.append(numba.njit(cache=True, nogil=True)(_serve))
     return _KERNEL[0]
+
+
+def epoch_kernel() -> Callable[..., Any]:
+    """:func:`_serve_epochs`, compiled as :func:`kernel` is (the time-varying cluster of
+    :mod:`flowserve.tuning.cluster` runs it)."""
+    if len(_KERNEL) < 2:
+        k = kernel()
+        _KERNEL.append(_serve_epochs if k is _serve else _compile(_serve_epochs))
+    return _KERNEL[1]
+
+
+def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+    import numba
+
+    return numba.njit(cache=True, nogil=True)(fn)
 
 
 def compiled() -> bool:
@@ -204,6 +220,100 @@ def _serve(reach: np.ndarray, order: np.ndarray, owner: np.ndarray, width: int, 
     return departs, waits, busy, batches, reached
 
 
+def _serve_epochs(reach: np.ndarray, part: np.ndarray, starts: np.ndarray, serve_from: np.ndarray,
+                  widths: np.ndarray, owners: np.ndarray, width_before: int, free: np.ndarray, t_end: float,
+                  times: np.ndarray, factors: np.ndarray, overheads: np.ndarray, nbatch: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, int]:
+    """One stage over one window of a cluster whose group changes (:mod:`flowserve.tuning.cluster`).
+
+    ``reach`` (sorted) is the stage's pool: requests carried from the last window, then those reaching it
+    before ``t_end``; ``part`` their partitions. Epoch ``e`` runs from ``starts[e]`` to the next start
+    (``t_end`` at most): its ``widths[e]`` consumers own the partitions as ``owners[e]`` says and begin no
+    batch before ``serve_from[e]`` (the rebalance pause). A consumer index new to an epoch (past the
+    width before it) is idle; ``free[k]`` (updated in place) is when consumer ``k`` finishes its batch.
+    What is not begun within an epoch stays on its partition for the next one's owner. Returns, per pool
+    entry, its batch's start and its departure (NaN: not begun before ``t_end``), the pool entries carried
+    on (in reach order), the device-busy seconds and the batch counter (it indexes ``factors`` and
+    ``overheads``)."""
+    n = reach.size
+    top = times.size - 1
+    begins = np.full(n, np.nan)
+    departs = np.full(n, np.nan)
+    pend = np.empty(n, dtype=np.int64)
+    npend = 0
+    nxt = 0
+    busy = 0.0
+    before = width_before
+    for e in range(starts.size):
+        hi = starts[e + 1] if e + 1 < starts.size else np.inf
+        hi = min(hi, t_end)
+        m = nxt
+        while m < n and reach[m] < hi:
+            m += 1
+        # carried entries reached before this epoch, new ones within it: the pool order is kept
+        items = np.empty(npend + m - nxt, dtype=np.int64)
+        items[:npend] = pend[:npend]
+        for i in range(nxt, m):
+            items[npend + i - nxt] = i
+        nxt = m
+        width = widths[e]
+        for k in range(before, width):
+            free[k] = -np.inf
+        before = width
+        npend = 0
+        if width == 0:
+            for i in range(items.size):
+                pend[npend] = items[i]
+                npend += 1
+            continue
+        starts_k = np.zeros(width + 1, dtype=np.int64)
+        for i in range(items.size):
+            starts_k[owners[e, part[items[i]]] + 1] += 1
+        for k in range(width):
+            starts_k[k + 1] += starts_k[k]
+        fill = starts_k.copy()
+        queue = np.empty(items.size, dtype=np.int64)
+        for i in range(items.size):
+            k = owners[e, part[items[i]]]
+            queue[fill[k]] = items[i]
+            fill[k] += 1
+        for k in range(width):
+            i = starts_k[k]
+            end = starts_k[k + 1]
+            while i < end:
+                first = reach[queue[i]]
+                avail = max(free[k], serve_from[e])
+                j = i + 1
+                if first > avail:  # idle: served alone, at once
+                    begin = first
+                else:  # when it can, it takes what is queued, up to the max batch
+                    begin = avail
+                    while j < end and j - i < top and reach[queue[j]] <= avail:
+                        j += 1
+                if begin >= hi:
+                    break
+                service = times[j - i] * factors[nbatch]
+                finish = begin + service + overheads[nbatch]
+                for q in range(i, j):
+                    begins[queue[q]] = begin
+                    departs[queue[q]] = finish
+                busy += service
+                nbatch += 1
+                free[k] = finish
+                i = j
+            while i < end:
+                pend[npend] = queue[i]
+                npend += 1
+                i += 1
+        pend[:npend] = np.sort(pend[:npend])
+    # entries past the last epoch's end (reached at or after t_end) are carried too
+    out = np.empty(npend + n - nxt, dtype=np.int64)
+    out[:npend] = pend[:npend]
+    for i in range(nxt, n):
+        out[npend + i - nxt] = i
+    return begins, departs, out, busy, nbatch
+
+
 def _stream(seed: int, index: int, purpose: int) -> np.random.Generator:
     """The generator of one stage's draws for one purpose: a stage draws the same numbers whatever the
     other stages' configurations (common random numbers: the planner compares candidates, not noise)."""
@@ -224,13 +334,29 @@ def jitter_floor(seed: int, index: int, n: int, jitter: float) -> float:
     return float(_jitter(seed, index, n, 1.0 / (jitter * jitter)).min()) if jitter > 0 and n else 1.0
 
 
+def jitter_factors(seed: int, index: int, n: int, jitter: float) -> np.ndarray:
+    """Stage ``index``'s jitter factors, one per possible batch (ones without jitter)."""
+    return _jitter(seed, index, n, 1.0 / (jitter * jitter)) if jitter > 0 else np.ones(n)
+
+
 def _draws(value: float | np.ndarray, rng: np.random.Generator, n: int) -> np.ndarray | float:
     """``n`` draws from measured values (with replacement), or the constant itself."""
     samples = np.asarray(value, dtype=float).reshape(-1)
     return float(samples[0]) if samples.size == 1 else rng.choice(samples, n)
 
 
-_JITTER, _ROUTE, _OVERHEAD, _HOP = 0, 1, 2, 3  # purposes of a stage's draws (hops: one per input edge)
+def stream(seed: int, index: int, purpose: int) -> np.random.Generator:
+    """The seeded generator of stage ``index``'s draws for ``purpose`` (the cluster draws as this module does)."""
+    return _stream(seed, index, purpose)
+
+
+def draws(value: float | np.ndarray, rng: np.random.Generator, n: int) -> np.ndarray | float:
+    """``n`` draws from measured values, or the constant itself."""
+    return _draws(value, rng, n)
+
+
+# purposes of a stage's draws (hops: one per input edge)
+JITTER, ROUTE, OVERHEAD, HOP = _JITTER, _ROUTE, _OVERHEAD, _HOP = 0, 1, 2, 3
 
 
 def simulate(stages: Sequence[SimStage], arrivals: Sequence[float] | np.ndarray, *, partitions: int,

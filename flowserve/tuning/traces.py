@@ -14,7 +14,12 @@ Generators (each takes a ``numpy`` seed, so the same arguments give the same tra
 - ``diurnal``: Poisson whose rate follows one sine period over the trace, from ``rate * low`` up to
   ``rate`` (a day compressed into ``seconds``);
 - ``mmpp``: a two-state Markov-modulated Poisson process, ``rate`` and ``rate * factor``, with mean dwell
-  ``dwell`` seconds in each state.
+  ``dwell`` seconds in each state;
+- ``spike``: a step that is short and tall: ``factor`` (default 4) times ``rate`` for ``length`` (default
+  5% of the trace) from ``at`` (default the middle).
+
+:func:`at_scale` makes the cluster-scale traces of ``flowserve bench tuner --simulated`` (an hour, peak
+2,000 req/s by default), :func:`load_trace` reads any trace file (``flowserve trace record`` writes them).
 
 >>> t = generate("poisson", rate=100, seconds=10, seed=1)
 >>> len(t.arrivals) > 900, t.arrivals[0] < t.arrivals[-1] < 10
@@ -35,7 +40,7 @@ from flowserve.errors import FlowserveError
 from flowserve.tuning.documents import read_document
 
 TRACE_FORMAT = "flowserve-trace/1"
-KINDS = ("poisson", "gamma", "step", "diurnal", "mmpp")
+KINDS = ("poisson", "gamma", "step", "diurnal", "mmpp", "spike")
 
 
 @dataclass(frozen=True)
@@ -93,9 +98,11 @@ def generate(kind: str, *, rate: float, seconds: float, seed: int = 0, cv: float
         shape = 1.0 / (cv * cv)
         arrivals = _renewal(rng, lambda n: rng.gamma(shape, 1.0 / (rate * shape), n), seconds, 1.0 / rate)
         params["cv"] = cv
-    elif kind == "step":
-        start = seconds / 3 if at is None else at
-        span = seconds / 3 if length is None else length
+    elif kind in ("step", "spike"):
+        spike = kind == "spike"
+        start = (seconds / 2 if spike else seconds / 3) if at is None else at
+        span = (seconds / 20 if spike else seconds / 3) if length is None else length
+        factor = 4.0 if spike and factor == 2.0 else factor
         arrivals = _thinned(rng, lambda t: np.where((t >= start) & (t < start + span), rate * factor, rate),
                             rate * max(1.0, factor), seconds)
         params.update(factor=factor, at=start, length=span)
@@ -112,6 +119,27 @@ def generate(kind: str, *, rate: float, seconds: float, seed: int = 0, cv: float
     else:
         raise FlowserveError(f"unknown trace kind '{kind}' (kinds: {', '.join(KINDS)})")
     return Trace(np.asarray(arrivals, dtype=float), float(seconds), kind, params)
+
+
+#: the cluster-scale traces: kind -> how each is made from its peak rate (see at_scale)
+SCALE_KINDS = ("diurnal", "spike", "bursty", "mmpp")
+
+
+def at_scale(name: str, *, peak: float = 2000.0, seconds: float = 3600.0, seed: int = 0) -> Trace:
+    """A trace of issue 34's set, peaking at ``peak`` req/s: ``diurnal`` (trough 10% of the peak),
+    ``spike`` (a quarter of the peak, 4x for 5% of the trace), ``bursty`` (gamma CV 4 at half the peak:
+    its bursts pass the peak) and ``mmpp`` (a quarter of the peak and the peak, one-minute mean dwell)."""
+    if name == "diurnal":
+        trace = generate("diurnal", rate=peak, low=0.1, seconds=seconds, seed=seed)
+    elif name == "spike":
+        trace = generate("spike", rate=peak / 4, factor=4.0, length=seconds / 20, seconds=seconds, seed=seed)
+    elif name == "bursty":
+        trace = generate("gamma", rate=peak / 2, cv=4.0, seconds=seconds, seed=seed)
+    elif name == "mmpp":
+        trace = generate("mmpp", rate=peak / 4, factor=4.0, dwell=60.0, seconds=seconds, seed=seed)
+    else:
+        raise FlowserveError(f"unknown trace '{name}' (traces: {', '.join(SCALE_KINDS)})")
+    return Trace(trace.arrivals, trace.seconds, name, {**trace.params, "kind": trace.kind, "peak": peak})
 
 
 def _mmpp(rng: np.random.Generator, r0: float, r1: float, dwell: float, seconds: float) -> np.ndarray:

@@ -110,15 +110,17 @@ RULES = ("bound", "relative")
 MIN_COUNT = 5
 
 
-def plan_excess(arrivals: np.ndarray, planned: Sequence[tuple[float, int]]) -> tuple[float, str]:
+def plan_excess(arrivals: np.ndarray, planned: Sequence[tuple[float, int]],
+                count: Callable[[np.ndarray, float], int] = max_arrivals) -> tuple[float, str]:
     """The most by which the live envelope exceeds the plan's at any window (0 without arrivals), and where.
-    The same for every stage: the relative rule computes it once per decision."""
+    The same for every stage: the relative rule computes it once per decision. ``count`` is
+    :func:`~flowserve.tuning.curves.max_arrivals` (a simulated clock passes an indexed equivalent)."""
     if arrivals.size == 0:
         return 0.0, "no arrivals"
     counted = [(w, n) for w, n in planned if n >= MIN_COUNT] or list(planned)
     factor, why = 0.0, ""
     for w, n in counted:
-        live = max_arrivals(arrivals, w)
+        live = count(arrivals, w)
         if live / max(n, 1) > factor:
             factor = live / max(n, 1)
             why = f"window {w:.3g} s: {live} arrivals where the plan's trace had {n}"
@@ -160,6 +162,11 @@ class Controller:
         live = self._live(now)
         return envelope(live, shortest, longest=self.horizon_s) if live.size else []
 
+    def count(self, live: np.ndarray, window: float) -> int:
+        """The most of the ``live`` arrivals in any window of ``window`` seconds (the simulated cluster of
+        flowserve.bench.tuner_sim answers it from an index over its whole trace, the same figure faster)."""
+        return max_arrivals(live, window)
+
     def _live(self, now: float) -> np.ndarray:
         """The arrivals of the last ``horizon_s`` seconds."""
         while self._arrivals and self._arrivals[0] < now - self.horizon_s:
@@ -168,7 +175,7 @@ class Controller:
 
     def decide(self, now: float, current: dict[str, int]) -> list[Action]:
         actions = []
-        excess = plan_excess(self._live(now), self.planned) if self.planned else None
+        excess = plan_excess(self._live(now), self.planned, self.count) if self.planned else None
         for t in self.targets:
             have = current.get(t.id, 1)
             if now - self._last_action.get(t.id, -math.inf) < self.settle_s:

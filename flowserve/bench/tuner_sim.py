@@ -1,0 +1,208 @@
+"""``flowserve bench tuner --simulated``: the tuner against KEDA, static and a clairvoyant floor, at cluster
+scale in the simulated cluster (:mod:`flowserve.tuning.cluster`, contenders in
+:mod:`flowserve.bench.tuner_contenders`).
+
+Per pipeline x trace: **static** is the plan for the trace's busiest minute (``flowserve plan`` on that
+slice: the cheapest configuration whose simulated p99 meets the SLO there); the adaptive contenders start
+from the plan for a sample of the trace's arrival process at its mean rate (Poisson; gamma keeps its CV),
+on static's partitions, as the live bench does; the **oracle** keeps static's hardware and batches and
+sizes each minute. Every contender pays the same start delays (``start``: ``kubernetes`` by default) and
+rebalance pauses. Cost: pod-seconds x the hardware's price. Rows: attainment within the SLO, misses, p99,
+cost, actions, cost / oracle, cost / static. Targets (:func:`simulated_targets`), per pipeline x trace:
+the tuner attains >= 99.5%; costs <= 1.3x the oracle; <= 0.7x static on diurnal and spike; against both
+KEDA variants, higher-or-equal attainment at lower-or-equal cost, and <= 1/5 of their misses on spike
+and bursty.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.table import Table
+
+from flowserve.bench.common import console
+from flowserve.bench.tuner_contenders import (
+    CONTENDERS,
+    Outcome,
+    SimSettings,
+    run_keda,
+    run_oracle,
+    run_static,
+    run_tuner,
+)
+from flowserve.runtime import hardware as hw
+from flowserve.topology.graph import load_topology
+from flowserve.tuning.cluster import PAUSE_S, START_S
+from flowserve.tuning.plan import Plan, make_plan, stage_options
+from flowserve.tuning.traces import SCALE_KINDS, Trace, at_scale, generate, load_trace
+
+ROOT = Path(__file__).resolve().parents[2] / "topologies"
+PIPELINES = {"image-processing": 250.0, "cascade-emulated": 250.0, "social-media": 400.0,
+             "video-monitoring": 300.0}
+#: the default run: one pipeline, the four traces, an hour each at a 2,000 req/s peak (~10 minutes here)
+DEFAULT_PIPELINES = ("image-processing",)
+TUNER = "tuner"
+
+
+def _busiest(trace: Trace, window: float = 60.0) -> np.ndarray:
+    """The arrivals of the trace's busiest ``window`` seconds (starting on a whole second), from 0."""
+    a = trace.arrivals
+    starts = np.arange(0.0, max(1.0, trace.seconds - window + 1), 1.0)
+    counts = np.searchsorted(a, starts + window) - np.searchsorted(a, starts)
+    t0 = float(starts[int(np.argmax(counts))])
+    return a[(a >= t0) & (a < t0 + window)] - t0
+
+
+def _mean_sample(trace: Trace, seconds: float = 60.0, seed: int = 6) -> np.ndarray:
+    rate = max(trace.rate, 1.0)
+    if trace.params.get("kind") == "gamma" or trace.kind == "gamma":
+        return generate("gamma", rate=rate, cv=float(trace.params.get("cv", 4.0)), seconds=seconds, seed=seed).arrivals
+    return generate("poisson", rate=rate, seconds=seconds, seed=seed).arrivals
+
+
+def plans(pipeline: str, trace: Trace, slo_ms: float, cfg: SimSettings) -> tuple[Plan, Plan]:
+    """(static's plan: the busiest minute; the adaptive start: a mean-rate sample on static's partitions)."""
+    topology = load_topology(ROOT / f"{pipeline}.yaml")
+    hop_ms, overhead_ms = cfg.hop_s * 1000, cfg.overhead_s * 1000
+    peak = make_plan(topology, _busiest(trace), slo_ms, hop_ms=hop_ms, overhead_ms=overhead_ms, seed=cfg.seed)
+    mean = make_plan(topology, _mean_sample(trace), slo_ms, hop_ms=hop_ms, overhead_ms=overhead_ms, seed=cfg.seed)
+    start = Plan(peak.topology, slo_ms, max(peak.partitions, mean.partitions), hop_ms, dict(mean.stages),
+                 overhead_ms=overhead_ms, envelope=list(mean.envelope))
+    return peak, start
+
+
+def run_contender(name: str, pipeline: str, trace: Trace, peak: Plan, start: Plan, cfg: SimSettings) -> Outcome:
+    topology = load_topology(ROOT / f"{pipeline}.yaml")
+    options = stage_options(topology)
+    a, s = trace.arrivals, trace.seconds
+    if name == "static":
+        return run_static(options, a, peak, cfg, s)
+    if name == "oracle":
+        return run_oracle(options, a, peak, cfg, s)
+    if name.startswith("keda"):
+        return run_keda(topology, options, a, start, cfg, s, preset=name)
+    return run_tuner(options, a, start, cfg, s, rule="relative" if name == "tuner-relative" else "bound")
+
+
+def row(pipeline: str, trace: str, contender: str, out: Outcome, prices: dict[str, float], slo_s: float
+        ) -> dict[str, Any]:
+    """The figures of one run (cost: pod-seconds x each stage's price per hour)."""
+    lat = out.latency_s
+    ok = lat <= slo_s
+    return {"pipeline": pipeline, "trace": trace, "contender": contender, "requests": int(lat.size),
+            "attainment": float(np.mean(ok)) if lat.size else 1.0, "misses": int(lat.size - np.count_nonzero(ok)),
+            "p99_ms": float(np.percentile(lat, 99, method="higher")) * 1000 if lat.size else 0.0,
+            "cost_dollars": sum(out.pod_seconds[k] * prices[k] for k in out.pod_seconds) / 3600,
+            "pod_hours": sum(out.pod_seconds.values()) / 3600, "actions": out.actions,
+            "peak_consumers": {k: max(c for _, c in v) for k, v in out.timeline.items()}}
+
+
+def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row's cost / oracle and cost / static, within its pipeline x trace."""
+    by = {(r["pipeline"], r["trace"], r["contender"]): r for r in rows}
+    for r in rows:
+        for ref in ("oracle", "static"):
+            base = by.get((r["pipeline"], r["trace"], ref))
+            r[f"cost_vs_{ref}"] = r["cost_dollars"] / base["cost_dollars"] if base and base["cost_dollars"] else None
+    return rows
+
+
+def simulated_targets(rows: Sequence[dict[str, Any]], tuner: str = TUNER) -> dict[str, bool]:
+    """The issue's targets, each decided per pipeline x trace (a contender missing from a pair fails it)."""
+    by = {(r["pipeline"], r["trace"], r["contender"]): r for r in rows}
+    pairs = sorted({(r["pipeline"], r["trace"]) for r in rows})
+
+    def every(check: Callable[[str, str], bool], traces: Sequence[str] | None = None) -> bool:
+        chosen = [(p, t) for p, t in pairs if traces is None or t in traces]
+        return bool(chosen) and all(check(p, t) for p, t in chosen)
+
+    def get(p: str, t: str, c: str) -> dict[str, Any] | None:
+        return by.get((p, t, c))
+
+    def attains(p: str, t: str) -> bool:
+        r = get(p, t, tuner)
+        return r is not None and r["attainment"] >= 0.995
+
+    def ratio(ref: str, limit: float) -> Callable[[str, str], bool]:
+        def check(p: str, t: str) -> bool:
+            r, base = get(p, t, tuner), get(p, t, ref)
+            return r is not None and base is not None and r["cost_dollars"] <= limit * base["cost_dollars"]
+        return check
+
+    def beats_keda(p: str, t: str) -> bool:
+        r = get(p, t, tuner)
+        kedas = [get(p, t, k) for k in ("keda", "keda-tuned")]
+        return r is not None and all(k is not None and r["attainment"] >= k["attainment"]
+                                     and r["cost_dollars"] <= k["cost_dollars"] for k in kedas)
+
+    def fifth_of_keda(p: str, t: str) -> bool:
+        r = get(p, t, tuner)
+        kedas = [get(p, t, k) for k in ("keda", "keda-tuned")]
+        return r is not None and all(k is not None and r["misses"] <= k["misses"] / 5 for k in kedas)
+
+    return {"tuner_attainment_ge_99.5pct": every(attains),
+            "tuner_cost_le_1.3x_oracle": every(ratio("oracle", 1.3)),
+            "tuner_cost_le_0.7x_static_on_diurnal_and_spike": every(ratio("static", 0.7), ("diurnal", "spike")),
+            "tuner_attainment_ge_and_cost_le_keda": every(beats_keda),
+            "tuner_misses_le_fifth_of_keda_on_spike_and_bursty": every(fifth_of_keda, ("spike", "bursty"))}
+
+
+def simulated_bench(pipelines: Sequence[str] = DEFAULT_PIPELINES, traces: Sequence[str] = SCALE_KINDS,
+                    trace_file: str | Path | None = None, *, peak: float = 2000.0, seconds: float = 3600.0,
+                    start: str = "kubernetes", contenders: Sequence[str] = CONTENDERS, seed: int = 0,
+                    log: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """Pipelines x traces x contenders in the simulated cluster; ``trace_file`` adds a trace read from a
+    file (``flowserve trace record`` output, or a user's)."""
+    made = {name: at_scale(name, peak=peak, seconds=seconds, seed=seed + i) for i, name in enumerate(traces)}
+    if trace_file is not None:
+        made[Path(trace_file).stem] = load_trace(trace_file)
+    prices_hw = {k: h.price_per_hour for k, h in hw.HARDWARE.items()}
+    rows, plans_out = [], []
+    wall = time.perf_counter()
+    for pipeline in pipelines:
+        slo_ms = PIPELINES[pipeline]
+        cfg = SimSettings(slo_s=slo_ms / 1000, start_s=START_S[start], pause_s=PAUSE_S, seed=seed)
+        for tname, trace in made.items():
+            peak_plan, start_plan = plans(pipeline, trace, slo_ms, cfg)
+            plans_out.append({"pipeline": pipeline, "trace": tname, "requests": int(trace.arrivals.size),
+                              "seconds": trace.seconds, "peak_1s": int(_busiest(trace, 1.0).size),
+                              "static": {k: [v.hardware, v.max_batch, v.consumers]
+                                         for k, v in peak_plan.stages.items()},
+                              "start": {k: [v.hardware, v.max_batch, v.consumers]
+                                        for k, v in start_plan.stages.items()},
+                              "partitions": start_plan.partitions})
+            prices = {k: prices_hw[v.hardware] for k, v in peak_plan.stages.items()}
+            for name in contenders:
+                t0 = time.perf_counter()
+                out = run_contender(name, pipeline, trace, peak_plan, start_plan, cfg)
+                r = row(pipeline, tname, name, out, prices, cfg.slo_s)
+                r["wall_s"] = time.perf_counter() - t0
+                rows.append(r)
+                if log:
+                    log(f"{pipeline} / {tname} / {name}: attainment {r['attainment'] * 100:.3f}% misses {r['misses']} "
+                        f"p99 {r['p99_ms']:.0f} ms ${r['cost_dollars']:.2f} actions {r['actions']} "
+                        f"({r['wall_s']:.1f} s)")
+    rows = with_ratios(rows)
+    _print(rows)
+    return {"workload": "tuner", "part": "simulated", "peak_rps": peak, "seconds": seconds, "start": start,
+            "start_s": [float(START_S[start].min()), float(START_S[start].max())],
+            "pause_s": [float(PAUSE_S.min()), float(PAUSE_S.max())], "hop_ms": 5.0, "overhead_ms": 5.0,
+            "plans": plans_out, "rows": rows, "wall_s": time.perf_counter() - wall,
+            "targets": simulated_targets(rows)}
+
+
+def _print(rows: list[dict[str, Any]]) -> None:
+    t = Table(title="simulated cluster: contenders per pipeline x trace")
+    for col in ("pipeline", "trace", "contender", "attainment %", "misses", "p99 ms", "cost $", "actions",
+                "/ oracle", "/ static"):
+        t.add_column(col, justify="left" if col in ("pipeline", "trace", "contender") else "right")
+    for r in rows:
+        t.add_row(r["pipeline"], r["trace"], r["contender"], f"{r['attainment'] * 100:.3f}", str(r["misses"]),
+                  f"{r['p99_ms']:.0f}", f"{r['cost_dollars']:.2f}", str(r["actions"]),
+                  f"{r['cost_vs_oracle']:.2f}" if r["cost_vs_oracle"] else "",
+                  f"{r['cost_vs_static']:.2f}" if r["cost_vs_static"] else "")
+    console.print(t)
