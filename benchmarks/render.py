@@ -16,10 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from flowserve.bench import WORKLOADS
+
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "docs" / "benchmarks.md"
 #: rows of one table at most: a bench's full rows stay in its JSON file
-MAX_ROWS = 8
+MAX_ROWS = 24
 #: per result file, what stays in the JSON alone (the page keeps under 400 lines)
 LEAVE_OUT = {"chaos": {"faults", "memory_mib", "lost_ids", "reasons"}, "parity": {"notes"},
              "parity-emulated": {"notes"}}
@@ -75,11 +77,14 @@ def table(rows: list[dict[str, Any]], label: str | None = None) -> list[str]:
     cols: list[str] = []
     for row in rows:
         cols += [c for c in row if c not in cols and c != "_label"]
-    cols = cols[:MAX_COLS]
+    # a column with one value in every row is said once, above the table
+    same = {c: rows[0].get(c) for c in cols if len(rows) > 2 and all(r.get(c) == rows[0].get(c) for r in rows)}
+    cols = [c for c in cols if c not in same][:MAX_COLS]
     if not cols:
         return []
+    lines = ["In every row: " + ", ".join(f"{c} {fmt(v)}" for c, v in same.items()) + ".", ""] if same else []
     head = ([label] if label is not None else []) + cols
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows[:MAX_ROWS]:
         cells = ([fmt(row.get("_label"))] if label is not None else []) + [fmt(row.get(c)) for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
@@ -147,8 +152,15 @@ def render(results_dir: Path = HERE / "results", method: Path = HERE / "method.m
     files = sorted(results_dir.glob("*.json"))
     if not files:
         lines += ["No saved result yet.", ""]
-    for path in files:
-        lines += section(json.loads(path.read_text()), path.stem)
+    docs = [(path.stem, json.loads(path.read_text())) for path in files]
+    for name, doc in docs:
+        lines += section(doc, name)
+    ran = {doc.get("bench") for _, doc in docs}
+    missing = [w for w in WORKLOADS if w not in ran and w not in ("simulate", "learn")]  # parts of others
+    if missing:
+        lines += ["### Not yet saved", "",
+                  "No saved result yet (their figures before this page was generated are in its git history): "
+                  + ", ".join(f"`{w}`" for w in missing) + ".", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
