@@ -60,4 +60,8 @@ async def test_a_produce_that_times_out_is_re_read_not_fatal(broker, write_topol
     for rid, fut in futures.items():
         assert fut.result().error is None, rid
         np.testing.assert_array_equal(fut.result().tensors["y"], np.full((1, 4), int(rid[1:]) + 1, np.float32))
-    assert worker.counters.rewinds >= 1, worker.counters.snapshot()
+    if broker.name == "embedded":
+        # Tansu times the frozen produce out every time. On Apache Kafka the 3-s freeze catches a produce in
+        # flight only some of the time (aiokafka re-sends the stuck batch, idempotent, when it does not): there
+        # the test holds the "not fatal, every request answered once" half, and the rewind is not asserted.
+        assert worker.counters.rewinds >= 1, worker.counters.snapshot()
