@@ -36,6 +36,12 @@ class ErrorKind(StrEnum):
     REVISIT_LIMIT = "revisit_limit"
     #: the broker did not accept the request, or the service is shutting down
     UNAVAILABLE = "unavailable"
+    #: a request without a valid credential (a bearer token the gateway does not know, or none)
+    UNAUTHORIZED = "unauthorized"
+    #: a valid credential without the right to this model or action
+    FORBIDDEN = "forbidden"
+    #: a credential over its own rate limit
+    RATE_LIMITED = "rate_limited"
     #: a topology file that cannot be used
     INVALID_TOPOLOGY = "invalid_topology"
     #: a setting (a ``FLOWSERVE_*`` variable, a flag, a settings field) that cannot be used

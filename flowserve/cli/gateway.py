@@ -43,7 +43,7 @@ def serve_blocking(topologies: Sequence[Any], kafka: KafkaSettings, settings: Ga
         async with Gateway(topologies, kafka, settings) as gateway:
             names = ", ".join(t.name for t in topologies)
             console.print(f"[green]gateway[/] serving {names} at [bold]{gateway.url}/v2[/] "
-                          f"(auth {'on' if settings.tokens else 'off'}); Ctrl-C to stop")
+                          f"(auth {'on' if settings.auth else 'off'}); Ctrl-C to stop")
             print(gateway.url, flush=True)
             await stop.wait()
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
+from typing import Any
 
 from rich.table import Table
 
@@ -45,6 +47,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(snaps))
         return 0
+    # gateways publish their refusal counters here too (flowserve.gateway.app): a table of their own
+    gateways = [s for s in snaps if s.get("role") == "gateway"]
+    snaps = [s for s in snaps if s.get("role") != "gateway"]
+    if gateways:
+        _gateway_table(topology.name, gateways)
     if not snaps:
         err.print(f"no metrics snapshots in {topology.metrics_topic} yet (workers publish every 2 s)")
         return 1
@@ -80,3 +87,17 @@ def cmd_stats(args: argparse.Namespace) -> int:
             live[str(row["node"])] += 1
     out.print("consumers per stage: " + ", ".join(f"{n} {c}" for n, c in live.items()))
     return 0
+
+
+def _gateway_table(model: str, snaps: list[dict[str, Any]]) -> None:
+    """Each gateway's refusals of requests to this model (and, apart, of requests naming no served model)."""
+    kinds = ("unauthorized", "forbidden", "rate_limited")
+    table = Table(title=f"{model}: gateways' refusals (401, 403, 429 by kind)")
+    for title in ("gateway", "age s", *kinds, "elsewhere"):
+        table.add_column(title, justify="left" if title == "gateway" else "right")
+    now_ms = int(time.time() * 1000)
+    for s in snaps:
+        counters, other = s.get("counters", {}), s.get("unattributed", {})
+        table.add_row(str(s.get("worker")), f"{(now_ms - int(s.get('ts_ms', now_ms))) / 1000:.1f}",
+                      *(str(counters.get(k, 0)) for k in kinds), str(sum(other.get(k, 0) for k in kinds)))
+    out.print(table)

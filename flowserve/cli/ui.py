@@ -116,11 +116,18 @@ def serve_blocking(topologies: list[Topology], kafka: KafkaSettings, settings: U
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
+    from flowserve.errors import SettingsError
     from flowserve.gateway.settings import GatewaySettings
     from flowserve.kafka.settings import KafkaSettings
     from flowserve.topology import load_topology
     from flowserve.ui import UiSettings
 
-    tokens = GatewaySettings.from_env(args.token_file).tokens  # the gateway's tokens, from the same places
+    gateway = GatewaySettings.from_env(args.token_file)  # the gateway's tokens, from the same places
+    if gateway.grants:
+        # The page checks plain tokens only: started with scoped ones it would run with no authentication.
+        raise SettingsError("flowserve ui takes unscoped tokens only (a file with one token per line, or "
+                            "FLOWSERVE_GATEWAY_TOKENS); the token file given has scoped tokens (models/actions): "
+                            "give the UI a token file of its own")
+    tokens = gateway.tokens
     settings = UiSettings(host=args.host, port=args.port, poll_s=args.poll, tokens=tokens)
     return serve_blocking([load_topology(p) for p in args.topology], KafkaSettings.from_env(args.broker), settings)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import json
 import logging
 import re
 from collections.abc import Sequence
@@ -21,6 +21,7 @@ from flowserve.gateway.cache import CACHE_HEADER, ResponseCache
 from flowserve.gateway.health import Readiness, ReadinessProbe
 from flowserve.gateway.server import HttpServer, Request, Response, error_response, json_response
 from flowserve.gateway.settings import GatewaySettings
+from flowserve.gateway.tokens import Authorizer
 from flowserve.kafka.replies import Reply
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.heap import settle
@@ -49,6 +50,9 @@ STATUS: dict[ErrorKind, int] = {
     ErrorKind.COMPONENT_FAILURE: 500,
     ErrorKind.REVISIT_LIMIT: 500,      # a topology fault, not the caller's
     ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.UNAUTHORIZED: 401,       # no valid bearer token
+    ErrorKind.FORBIDDEN: 403,          # a valid token without the right to this model or action
+    ErrorKind.RATE_LIMITED: 429,       # a token over its own rate limit (with Retry-After)
     ErrorKind.INVALID_TOPOLOGY: 500,
     ErrorKind.INVALID_SETTINGS: 500,   # the service's own configuration, not the caller's
     ErrorKind.UNKNOWN: 500,
@@ -79,13 +83,15 @@ class Gateway:
                                  header_timeout_s=self.settings.header_timeout_s,
                                  idle_timeout_s=self.settings.idle_timeout_s,
                                  reuse_port=self.settings.reuse_port)
-        self._tokens = [t.get_secret_value().encode() for t in self.settings.tokens]
+        #: who may do what (flowserve.gateway.tokens); counts every refusal
+        self.auth = Authorizer(self.settings.tokens, self.settings.grants, served=self.models)
         self._metadata = {name: self._model_metadata(t) for name, t in self.models.items()}
         #: answers of topologies with a top-level ``cache:`` (flowserve.gateway.cache)
         self.responses = ResponseCache(list(topologies))
         #: model -> why it cannot answer now (a stage without any worker); refreshed by _watch_readiness
         self._down: dict[str, str] = {}
         self._watch: asyncio.Task[None] | None = None
+        self._publisher: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
@@ -100,16 +106,24 @@ class Gateway:
         await self.server.start()
         if self.settings.fail_fast:
             self._watch = asyncio.create_task(self._watch_readiness(), name="gateway-readiness")
+        if self.auth.enabled and self.settings.metrics_interval_s > 0:
+            self._publisher = asyncio.create_task(self._publish_loop(), name="gateway-refusals")
         settle()
+        for name, models in self.auth.unknown_models().items():  # a typo grants nothing: say so
+            log.warning("gateway %s: token '%s' names model(s) not served here: %s", self.settings.instance,
+                        name, ", ".join(models))
         log.info("gateway %s serving %s on %s (auth %s)", self.settings.instance, ", ".join(self.models),
-                 self.url, "on" if self._tokens else "off")
+                 self.url, "on" if self.auth.enabled else "off")
 
     async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-            self._watch = None
+        for task in (self._watch, self._publisher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._watch = self._publisher = None
+        if any(self.auth.counts().values()):  # the last counts, which a stop between two ticks would lose
+            await self.publish_refusals(timeout_s=2.0)
         await self.server.stop()
         await self.bridge.stop(delete_topics=self.settings.delete_reply_topics)
         await self.probe.close()
@@ -123,23 +137,15 @@ class Gateway:
 
     # -- routing -----------------------------------------------------------------------------------
 
-    def _authorized(self, request: Request) -> bool:
-        if not self._tokens:
-            return True
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not given:
-            return False
-        raw = given.strip().encode()
-        ok = False
-        for token in self._tokens:  # compare with every token, so timing does not tell which matched
-            ok |= hmac.compare_digest(raw, token)
-        return ok
-
     async def handle(self, request: Request) -> Response:
         path = request.path.rstrip("/") or "/"
-        if self._tokens and path not in _OPEN_PATHS and not self._authorized(request):
-            return error_response(401, "missing or invalid bearer token (send 'Authorization: Bearer <token>')",
-                                  {"WWW-Authenticate": 'Bearer realm="flowserve"'})
+        if path not in _OPEN_PATHS and (refusal := self.auth.check(path, request.headers.get("authorization", ""))):
+            headers = {}
+            if refusal.kind is ErrorKind.UNAUTHORIZED:
+                headers["WWW-Authenticate"] = 'Bearer realm="flowserve"'
+            elif refusal.kind is ErrorKind.RATE_LIMITED:
+                headers["Retry-After"] = str(refusal.retry_after_s)
+            return error_response(status_of(refusal.kind), refusal.message, headers, refusal.kind)
         parts = path.split("/")[1:]
         if not parts or parts[0] != "v2":
             return error_response(404, f"no route {request.path}; the API lives under /v2")
@@ -184,7 +190,29 @@ class Gateway:
 
     def stats(self) -> dict[str, Any]:
         return {"instance": self.settings.instance, "in_flight": self.bridge.in_flight(),
-                **self.bridge.counters.snapshot(), "cache": self.responses.counters()}
+                **self.bridge.counters.snapshot(), "cache": self.responses.counters(),
+                "refusals": self.auth.snapshot()}
+
+    # -- refusal counters for flowserve stats ------------------------------------------------------
+
+    async def publish_refusals(self, timeout_s: float = 10.0) -> None:
+        """Write this gateway's refusal counts to each model's metrics topic, where ``flowserve stats``
+        reads them: a snapshot keyed ``gateway/<instance>``, role ``gateway``, and no node (so that
+        readers of the workers' snapshots, which go by node, pass it by). Best effort, as the workers'."""
+        for name, topology in self.models.items():
+            snap = {"topology": name, "role": "gateway", "node": "", "worker": self.settings.instance,
+                    "ts_ms": now_ms(), "counters": self.auth.counts(name),
+                    "unattributed": self.auth.counts("")}  # refusals on paths naming no served model
+            try:
+                await self.bridge.router.send(topology.metrics_topic, f"gateway/{self.settings.instance}".encode(),
+                                              json.dumps(snap).encode(), [], timeout_s)
+            except BrokerError as exc:  # counters must never stop the gateway
+                log.debug("gateway %s: refusal counters not published: %r", self.settings.instance, exc)
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.metrics_interval_s)  # publishing period, not synchronisation
+            await self.publish_refusals()
 
     # -- health and metadata -----------------------------------------------------------------------
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import uuid
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from flowserve.errors import FlowserveError
+from flowserve.gateway.tokens import Grant, read_token_file
 from flowserve.kafka.settings import settings_from_env
 
 
@@ -33,7 +32,13 @@ class GatewaySettings(BaseModel):
                                               "worker, instead of 504 at the request's deadline")
     ready_cache_s: float = Field(1.0, ge=0, description="how long a readiness answer is reused")
     max_timeout_ms: int = Field(600_000, gt=0, description="largest per-request timeout a caller may ask for")
-    tokens: tuple[SecretStr, ...] = Field((), description="bearer tokens; none = no authentication")
+    tokens: tuple[SecretStr, ...] = Field((), description="bearer tokens with every right; none and no grants = "
+                                                          "no authentication")
+    grants: tuple[Grant, ...] = Field((), description="scoped bearer tokens (a YAML token file): models, actions, "
+                                                      "rate limits (flowserve.gateway.tokens)")
+    metrics_interval_s: float = Field(2.0, ge=0, description="with authentication on, publish the refusal "
+                                                             "counters to each model's metrics topic this often "
+                                                             "(flowserve stats); 0: never")
     delete_reply_topics: bool = Field(True, description="delete this gateway's reply topics on clean shutdown")
     reuse_port: bool = Field(False, description="share the port with other gateway processes (SO_REUSEPORT); "
                                                 "each needs its own instance")
@@ -42,28 +47,27 @@ class GatewaySettings(BaseModel):
 
     @classmethod
     def from_env(cls, token_file: str | None = None, **overrides: Any) -> GatewaySettings:
-        """Settings from ``FLOWSERVE_GATEWAY_*``; tokens from ``FLOWSERVE_GATEWAY_TOKENS`` (comma-separated)
-        and/or a file with one token per line (``#`` comments)."""
+        """Settings from ``FLOWSERVE_GATEWAY_*``; tokens from ``FLOWSERVE_GATEWAY_TOKENS`` (comma-separated,
+        every right) and/or a token file (``FLOWSERVE_GATEWAY_TOKEN_FILE``): one token per line (every right),
+        or YAML/JSON that scopes each token (:mod:`flowserve.gateway.tokens`)."""
         tokens = [t.strip() for t in os.environ.get("FLOWSERVE_GATEWAY_TOKENS", "").split(",") if t.strip()]
         token_file = token_file or os.environ.get("FLOWSERVE_GATEWAY_TOKEN_FILE")
-        if token_file:
-            tokens.extend(read_token_file(token_file))
         values = dict(overrides)
+        if token_file:
+            contents = read_token_file(token_file)
+            tokens.extend(contents.plain)
+            if contents.grants and values.get("grants") is None:
+                values["grants"] = contents.grants
         if tokens and values.get("tokens") is None:
             values["tokens"] = tuple(SecretStr(t) for t in tokens)
-        return settings_from_env(cls, "FLOWSERVE_GATEWAY_", values, skip=frozenset({"tokens"}))
+        return settings_from_env(cls, "FLOWSERVE_GATEWAY_", values, skip=frozenset({"tokens", "grants"}))
+
+    @property
+    def auth(self) -> bool:
+        """Whether requests need a bearer token."""
+        return bool(self.tokens or self.grants)
 
     def __repr__(self) -> str:  # never print tokens
         return (f"GatewaySettings(host={self.host!r}, port={self.port}, instance={self.instance!r}, "
-                f"auth={'on' if self.tokens else 'off'})")
+                f"auth={'on' if self.auth else 'off'})")
 
-
-def read_token_file(path: str | Path) -> list[str]:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise FlowserveError(f"cannot read token file {path}: {exc.strerror}") from None
-    tokens = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    if not tokens:
-        raise FlowserveError(f"token file {path} holds no token (one per line)")
-    return tokens
