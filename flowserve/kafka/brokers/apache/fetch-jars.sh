@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Fetch the Apache Kafka broker and its runtime classpath from Maven Central into one flat directory,
-# so the broker can run as `java -cp "$libs/*" kafka.Kafka ...` with no Kafka tarball installed. Shipped in
-# the flowserve package (ApacheKafka runs it on first use, pom.xml beside it); deploy/kafka/fetch-jars.sh runs
-# it from a checkout.
+# Fetch the Apache Kafka broker and its runtime classpath from Maven Central into one flat directory, with
+# Maven, so the broker can run as `java -cp "$libs/*" kafka.Kafka ...` with no Kafka tarball installed. Shipped
+# in the flowserve package (pom.xml beside it); deploy/kafka/fetch-jars.sh runs it from a checkout. flowserve
+# itself fetches a version it has a pinned list for (kafka-<version>.jars, written by pin-jars.sh) without
+# Maven (fetch.py), and runs this script only for other versions.
 #
 #   bash fetch-jars.sh                    # prints the libs directory on stdout
 #   bash fetch-jars.sh tools              # the console clients (kafka-tools) and their classpath, into
@@ -11,6 +12,7 @@
 # Environment:
 #   FLOWSERVE_KAFKA_VERSION  Kafka version to fetch (default 4.1.1)
 #   FLOWSERVE_KAFKA_LIBS     target directory (default ~/.cache/flowserve/kafka/<version>/libs)
+#   FLOWSERVE_MAVEN_URL      a Maven repository to use instead of Maven Central (a mirror)
 #
 # Idempotent: a complete directory carries a .complete marker and is left alone. Jars are copied into a
 # sibling temp directory and renamed into place, so an interrupted or concurrent run never leaves a
@@ -36,10 +38,17 @@ command -v mvn >/dev/null || { echo "fetch-jars.sh: mvn not found: install Maven
 parent="$(dirname "$libs")"
 mkdir -p "$parent"
 staging="$(mktemp -d "$parent/.libs-staging.XXXXXX")"
-trap 'rm -rf "$staging"' EXIT
+settings="$(mktemp)"
+trap 'rm -rf "$staging" "$settings"' EXIT
+mirror=()
+if [[ -n "${FLOWSERVE_MAVEN_URL:-}" ]]; then
+  printf '<settings><mirrors><mirror><id>flowserve</id><mirrorOf>*</mirrorOf><url>%s</url></mirror></mirrors></settings>\n' \
+    "$FLOWSERVE_MAVEN_URL" > "$settings"
+  mirror=(-s "$settings")
+fi
 
 echo "fetch-jars.sh: resolving org.apache.kafka:kafka_2.13:$version into $libs" >&2
-mvn -q -B -Dstyle.color=never -f "$here/pom.xml" \
+mvn -q -B -Dstyle.color=never "${mirror[@]}" -f "$here/pom.xml" \
   -Dkafka.version="$version" "${profile[@]}" \
   dependency:copy-dependencies \
   -DincludeScope=runtime \
