@@ -43,8 +43,18 @@ def _broker(address: str | None, kind: str, *, server_jvm: bool = False) -> Iter
     if address:
         yield _kafka(address)
         return
+    from flowserve.errors import BrokerError
     from flowserve.kafka.brokers import start_broker
+    from flowserve.kafka.brokers.apache_kafka import java_available, kafka_libs_dir, kafka_missing
 
+    if kind in ("default", "kafka") and java_available() and kafka_missing():
+        # the first run fetches Kafka's jars with a progress bar of its own, which a spinner would overdraw;
+        # where the fetch fails the default broker says why and starts Tansu
+        try:
+            kafka_libs_dir()
+        except BrokerError:
+            if kind == "kafka":
+                raise
     with console.status(f"starting the {kind} broker…"):
         broker = start_broker(kind, server_jvm=server_jvm)  # type: ignore[arg-type]
     note = " (a temporary broker: its data is gone when flowserve exits)"
