@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from flowserve.capture.reader import Decoded, Reader
+from flowserve.capture.redact import H_REDACT, LABELS, parse_header
 from flowserve.errors import FlowserveError
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology import names
@@ -119,13 +120,34 @@ def summarize(name: str, array: np.ndarray) -> str:
     return f"{name}: {s['datatype']} {list(array.shape)}{stats} [{first}{more}]"
 
 
+def redacted_line(name: str, label: str, array: np.ndarray) -> str:
+    """One line for a redacted (hashed) port: its digests shortened, marked as such, never taken for data."""
+    flat = array.ravel()[:_FIRST]
+    shown = [f"<{label}:{v.decode('ascii', 'replace')[:12] if isinstance(v, bytes) else str(v)[:12]}…>"
+             for v in flat]
+    more = ", …" if array.size > _FIRST else ""
+    return f"{name}: <{label}> {list(array.shape)} [{', '.join(shown)}{more}]"
+
+
+def to_json(rec: Decoded) -> dict[str, Any]:
+    """A record as JSON for ``--format json``; redacted ports are listed under ``redacted`` (port: how)."""
+    out = rec.to_dict(full=True)
+    redacted = parse_header(rec.headers.get(H_REDACT, ""))
+    if redacted:
+        out["redacted"] = redacted
+    return out
+
+
 def format_record(rec: Decoded) -> str:
     lines = [f"{rec.topic} p{rec.partition}@{rec.offset}  key={rec.key}  ts={rec.timestamp_ms}  {rec.size} B"]
     shown = {k: v for k, v in rec.headers.items() if k.startswith(("fs-", "x-", "X-")) or k == "traceparent"}
     if shown:
         lines.append("  headers: " + "  ".join(f"{k}={v}" for k, v in shown.items()))
+    redacted = parse_header(rec.headers.get(H_REDACT, ""))
     for name, array in rec.tensors.items():
-        lines.append("  " + summarize(name, array))
+        label = redacted.get(name)
+        lines.append("  " + (summarize(name, array) if label is None else redacted_line(name, label, array)))
+    lines.extend(f"  {name}: <dropped>" for name, label in redacted.items() if label == LABELS["drop"])
     if rec.body is not None and not rec.tensors:
         text = json.dumps(rec.body, separators=(",", ":"))
         lines.append("  json: " + (text if len(text) <= 400 else text[:400] + "…"))
@@ -141,7 +163,7 @@ def run_inspect(kafka: KafkaSettings, target: str, *, request_id: str | None, la
     records = asyncio.run(inspect_records(kafka, target, request_id=request_id, last=last, prefix=prefix))
     if fmt == "json":
         for rec in records:
-            print(json.dumps(rec.to_dict(full=True), separators=(",", ":")))
+            print(json.dumps(to_json(rec), separators=(",", ":")))
     else:
         for rec in records:
             print(format_record(rec))

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flowserve.capture.redact import node_redactors
 from flowserve.capture.tracing import new_span_ids, new_trace_id, parse_traceparent
 from flowserve.component import Component
 from flowserve.runtime.hooks import BatchOutcome, StageContext, StageHooks
@@ -117,6 +118,7 @@ class StageCapture(StageHooks):
         self.component = component
         self.policy = node_policy(topology.spec, node.id)
         self.capture_topics = dict(node.capture_topics)
+        self.redactors = node_redactors(topology.spec, node.id)  # reads the hash key, if any, once
         self.lineage_topic = topology.lineage_topic if self.policy.lineage and self.policy.active else None
         side = component.side_output
         self.side_topic = topology.side_topic(side) if side else None
@@ -322,7 +324,8 @@ class StageCapture(StageHooks):
         """Write the captured ports nobody reads (their own topics) for the sampled requests.
 
         Unmasked ports of a batch of equal-sized requests are serialised once (``encode_split``) and
-        sliced, as the worker does for its output topics. Returns, per sampled request, the ports written.
+        sliced, as the worker does for its output topics; a redacted port (``capture.redact``) is redacted
+        per request before it is encoded. Returns, per sampled request, the ports written.
         """
         emit = self._emit
         assert emit is not None
@@ -333,7 +336,9 @@ class StageCapture(StageHooks):
             if array is None:
                 continue
             m = mask.get(port)
-            split = encode_split(port, array, len(sizes)) if m is None and uniform and not errors else None
+            redactor = self.redactors.get(port)  # redacts before anything reaches the outbox
+            split = (encode_split(port, array, len(sizes)) if m is None and uniform and not errors
+                     and redactor is None else None)
             for k, index in enumerate(tap.index):
                 lo, hi = starts[index], starts[index + 1]
                 if errors and any(i in errors for i in range(lo, hi)):
@@ -344,9 +349,10 @@ class StageCapture(StageHooks):
                     rows = array[lo:hi] if m is None else array[lo:hi][m[lo:hi]]
                     if m is not None and not len(rows):
                         continue
-                    value = encode_tensors({port: rows})
+                    value = encode_tensors({port: rows}) if redactor is None else redactor.encode(port, rows)
                 r = tap.group[index].ready
-                emit(topic, r.partition, r.request_id.encode(), value, inherit(r.headers))
+                headers = inherit(r.headers) if redactor is None else [*inherit(r.headers), redactor.header]
+                emit(topic, r.partition, r.request_id.encode(), value, headers)
                 written.setdefault(k, []).append(port)
         return written
 

@@ -8,6 +8,11 @@ Without a ``capture:`` section nothing extra is written. With one::
       lineage: true            # lineage records (one per batch) to <prefix>.<topology>.lineage
       tracing: true            # OpenTelemetry spans per batch and per request
       retention_ms: 86400000   # retention.ms of the topics capture reads, set when they are created
+      retention_bytes: 1073741824  # retention.bytes (per partition) of the same topics
+      redact:                  # per captured port, before anything is written: drop, hash or keep (default)
+        pre.text: hash         # HMAC-SHA256 with the key named by hash_key
+        model.embedding: drop
+      hash_key: {env: FLOWSERVE_CAPTURE_KEY}   # or {file: /run/secrets/capture-key}; never the key itself
       nodes:                   # per-node overrides
         model: {sample: 1.0}
         post: {enabled: false}
@@ -23,9 +28,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flowserve.errors import TopologyError
 from flowserve.topology import names
@@ -48,6 +53,30 @@ class NodeCaptureSpec(BaseModel):
     tracing: bool | None = None
 
 
+Redaction = Literal["drop", "hash", "keep"]
+
+
+class KeySource(BaseModel):
+    """Where the key of ``redact: hash`` comes from: an environment variable or a file, exactly one.
+
+    The spec names the source, never the key, so a topology file can be shared and logged.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    env: str | None = Field(None, min_length=1)
+    file: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one(self) -> KeySource:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("hash_key takes exactly one of 'env' (a variable's name) or 'file' (a path)")
+        return self
+
+    def describe(self) -> str:
+        return f"environment variable {self.env}" if self.env is not None else f"file {self.file}"
+
+
 class CaptureSpec(BaseModel):
     """Capture policy of a topology (see the module docstring)."""
 
@@ -62,6 +91,12 @@ class CaptureSpec(BaseModel):
     tracing: bool = True
     #: retention.ms of edge, capture, lineage and drift topics, applied when they are created.
     retention_ms: int | None = Field(None, gt=0)
+    #: retention.bytes (per partition) of the same topics, applied when they are created.
+    retention_bytes: int | None = Field(None, gt=0)
+    #: "node.port" -> drop | hash | keep, for ports capture writes (their own topics), applied before writing.
+    redact: dict[str, Redaction] = Field(default_factory=dict)
+    #: the key of ``hash`` redactions (HMAC-SHA256): where to read it, never the key itself.
+    hash_key: KeySource | None = None
     nodes: dict[str, NodeCaptureSpec] = Field(default_factory=dict)
 
 
@@ -148,7 +183,41 @@ def captured_ports(spec: TopologySpec, outputs: Mapping[str, Iterable[str]],
         if (node_id, port) in consumed or not node_policy(spec, node_id).enabled:
             continue
         out.setdefault(node_id, {})[port] = names.edge_topic(names.base(spec.prefix, spec.name), node_id, port)
+    _check_redact(cap, outputs, out, consumed, source)
     return out
+
+
+def _check_redact(cap: CaptureSpec, outputs: Mapping[str, Iterable[str]], captured: Mapping[str, Mapping[str, str]],
+                  consumed: Set[tuple[str, str]] | Set[tuple[str | None, str]], source: str) -> None:
+    """Each ``redact`` entry names a port capture writes, and ``hash`` has a key source."""
+    for target, mode in cap.redact.items():
+        node_id, dot, port = target.partition(".")
+        if not dot or node_id not in outputs:
+            raise TopologyError(f"capture.redact: '{target}' must be 'node.port' with a known node "
+                                f"(nodes: {', '.join(outputs)})", source=source, node=node_id or None)
+        ports = list(outputs[node_id])
+        if port not in ports:
+            raise TopologyError(f"capture.redact: node '{node_id}' has no output port '{port}' "
+                                f"(its outputs: {', '.join(ports) or 'none'})", source=source, node=node_id)
+        if port not in captured.get(node_id, {}):
+            why = (f"node '{node_id}' port '{port}' feeds the pipeline through its edge topic, which capture "
+                   "does not write" if (node_id, port) in consumed else
+                   f"port '{port}' is not captured: add '{target}' to capture.ports (with capture on for "
+                   f"node '{node_id}')")
+            raise TopologyError(f"capture.redact: {why}; only ports written to capture topics can be redacted",
+                                source=source, node=node_id)
+        if mode == "hash" and cap.hash_key is None:
+            raise TopologyError(f"capture.redact: port '{port}' is hashed but no key is named: add "
+                                "capture.hash_key: {env: VARIABLE} or {file: PATH}", source=source, node=node_id)
+
+
+def redactions(spec: TopologySpec, node_id: str) -> dict[str, Redaction]:
+    """The redaction of each of a node's ports that is not ``keep``: port -> ``drop`` or ``hash``."""
+    cap = spec.capture
+    if cap is None:
+        return {}
+    prefix = node_id + "."
+    return {t[len(prefix):]: m for t, m in cap.redact.items() if t.startswith(prefix) and m != "keep"}
 
 
 def lineage_on(topology: Topology) -> bool:
@@ -167,13 +236,17 @@ def side_topics(topology: Topology) -> list[str]:
 
 
 def topic_configs(topology: Topology) -> dict[str, dict[str, str]]:
-    """Per-topic configs for topic creation: ``retention.ms`` of every topic capture reads, when set, and
-    ``cleanup.policy=compact`` for learning nodes' state topics (the last value per context is the state)."""
+    """Per-topic configs for topic creation: ``retention.ms`` and ``retention.bytes`` of every topic capture
+    reads, when set, and ``cleanup.policy=compact`` for learning nodes' state topics (the last value per
+    context is the state)."""
     compact = {topology.state_topic(n): {"cleanup.policy": "compact"}
                for n, node in topology.nodes.items() if node.component.learns}
     cap = topology.spec.capture
-    if cap is None or not cap.enabled or cap.retention_ms is None:
+    if cap is None or not cap.enabled:
         return compact
-    retention = {"retention.ms": str(cap.retention_ms)}
+    retention = {key: str(value) for key, value in (("retention.ms", cap.retention_ms),
+                                                   ("retention.bytes", cap.retention_bytes)) if value is not None}
+    if not retention:
+        return compact
     skip = {topology.inputs_topic, topology.outputs_topic, topology.deadletter_topic, *compact}
     return {**{t: dict(retention) for t in topology.topics() if t not in skip}, **compact}
