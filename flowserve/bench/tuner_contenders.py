@@ -27,7 +27,7 @@ import numpy as np
 from flowserve.bench.keda import PRESETS, KedaAutoscaler, autoscalers
 from flowserve.topology.graph import Topology
 from flowserve.tuning.cluster import PAUSE_S, Cluster, Replicas, replicas_for
-from flowserve.tuning.curves import TokenBucket, windows
+from flowserve.tuning.curves import TokenBucket, family, windows
 from flowserve.tuning.plan import Bounds, Plan, StageConfig, StageOptions, sim_stages
 from flowserve.tuning.simulate import SimStage, simulate
 from flowserve.tuning.tuner import Action, Controller, targets_from_plan
@@ -114,13 +114,7 @@ class IndexedController(Controller):
         if not live.size:
             return []
         ws = windows(shortest, self.horizon_s)
-        counts = [self.count(live, w) for w in ws]
-        family = []
-        for i, w in enumerate(ws):
-            rate = counts[i] / w
-            burst = max(counts[j] - rate * ws[j] for j in range(i + 1))
-            family.append(TokenBucket(rate=rate, burst=max(burst, float(counts[0])), window=w))
-        return family
+        return family(ws, [self.count(live, w) for w in ws])
 
 
 def _cluster(stages: list[SimStage], trace: np.ndarray, plan: Plan, cfg: SimSettings,

@@ -84,13 +84,18 @@ def envelope(arrivals: Sequence[float] | np.ndarray, service_s: float,
     """
     a = np.sort(np.asarray(arrivals, dtype=float))
     ws = windows(service_s, longest)
-    counts = [max_arrivals(a, w) for w in ws]
-    family = []
+    return family(ws, [max_arrivals(a, w) for w in ws])
+
+
+def family(ws: Sequence[float], counts: Sequence[int]) -> list[TokenBucket]:
+    """The token buckets of :func:`envelope` from each window's most arrivals ``counts[i]`` in ``ws[i]``
+    (for a caller that counts its windows another way, from an index over its trace)."""
+    buckets = []
     for i, w in enumerate(ws):
         rate = counts[i] / w
         burst = max(counts[j] - rate * ws[j] for j in range(i + 1))
-        family.append(TokenBucket(rate=rate, burst=max(burst, float(counts[0])), window=w))
-    return family
+        buckets.append(TokenBucket(rate=rate, burst=max(burst, float(counts[0])), window=w))
+    return buckets
 
 
 def arrival_curve(family: Sequence[TokenBucket], t: float) -> float:
