@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 from aiokafka import AIOKafkaProducer
 
+from flowserve.bench.attainment import Tally, difference
 from flowserve.bench.common import console, run_id
 from flowserve.capture import capture_hooks
 from flowserve.capture.reader import Reader
@@ -198,11 +199,9 @@ def paired_gap(before: Mapping[int, bool], after: Mapping[int, bool], resamples:
     images = sorted(set(before) | set(after))
     if not images:
         return float("nan"), float("nan"), float("nan")
-    a = np.array([before.get(i, False) for i in images], float)
-    b = np.array([after.get(i, False) for i in images], float)
-    picks = np.random.default_rng(seed).integers(0, len(images), size=(resamples, len(images)))
-    gaps = a[picks].mean(axis=1) - b[picks].mean(axis=1)
-    return float(a.mean() - b.mean()), float(np.percentile(gaps, 2.5)), float(np.percentile(gaps, 97.5))
+    # each image is a paired "slice" of one request: attainment.difference resamples them, pairs together
+    return difference([Tally(1, int(before.get(i, False))) for i in images],
+                      [Tally(1, int(after.get(i, False))) for i in images], resamples=resamples, seed=seed)
 
 
 def holdout_split(n: int, select_n: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
