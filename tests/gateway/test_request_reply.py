@@ -6,12 +6,11 @@ import asyncio
 
 import numpy as np
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from conftest import echo_yaml, running, unique, wait_ready
+from fs_topics import read_to_end
 
 from flowserve.client.http import AsyncHttpClient
 from flowserve.gateway import Gateway, GatewaySettings
-from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.host import InlineHost
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -147,26 +146,6 @@ async def test_auth(broker) -> None:
                 assert (await c.get("/v2/health/ready")).status == 200
 
 
-async def _count(kafka: KafkaSettings, topic: str, partitions: int) -> list[str]:
-    """Every record key on ``topic``, read from the start up to its current end."""
-    consumer = AIOKafkaConsumer(group_id=None, auto_offset_reset="earliest", fetch_max_wait_ms=5,
-                                **kafka.client_kwargs())
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        keys: list[str] = []
-        async with asyncio.timeout(30):
-            while any([await consumer.position(tp) < ends[tp] for tp in tps]):
-                for records in (await consumer.getmany(timeout_ms=200)).values():
-                    keys.extend(r.key.decode() for r in records)
-        return keys
-    finally:
-        await consumer.stop()
-
-
 async def test_two_gateways_never_see_each_others_replies(broker) -> None:
     kafka = broker.settings()
     topology = unique(echo_yaml())
@@ -184,7 +163,7 @@ async def test_two_gateways_never_see_each_others_replies(broker) -> None:
         assert sorted(r.json()["id"] for r in replies) == sorted(f"gw{i}-{k}" for k in range(n) for i in (0, 1))
         for i, gateway in enumerate(gateways):
             topic = topology.reply_topic(gateway.settings.instance)
-            keys = await _count(kafka, topic, topology.spec.partitions)
+            keys = [r.key.decode() for r in await read_to_end(kafka, topic, topology.spec.partitions, timeout_s=30)]
             assert sorted(keys) == sorted(f"gw{i}-{k}" for k in range(n))
             counters = gateway.bridge.counters
             assert (counters.sent, counters.replies, counters.unknown, counters.duplicates) == (n, n, 0, 0)

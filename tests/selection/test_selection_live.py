@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from fs_topics import read_to_end
 
 from flowserve.client.http import AsyncHttpClient
 from flowserve.gateway import Gateway, GatewaySettings
@@ -53,27 +53,10 @@ def _probabilities(log_weights: list[float], gamma: float = 0.2) -> np.ndarray:
     return (1 - gamma) * w / w.sum() + gamma / len(w)
 
 
-async def _read_to_end(kafka: KafkaSettings, topic: str, partitions: int) -> list[Any]:
-    consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False, **kafka.client_kwargs())
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        out: list[Any] = []
-        while any([await consumer.position(tp) < ends[tp] for tp in tps]):
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                out.extend(records)
-        return out
-    finally:
-        await consumer.stop()
-
-
 async def _state(kafka: KafkaSettings, topology: Topology) -> dict[str, dict[str, Any]]:
     """The selector's state topic read back: the last value per key."""
     last = {r.key.decode(): json.loads(r.value) for r in
-            await _read_to_end(kafka, topology.state_topic("select"), topology.spec.partitions)}
+            await read_to_end(kafka, topology.state_topic("select"), topology.spec.partitions)}
     return last
 
 
@@ -202,7 +185,7 @@ async def _learned_from(kafka: KafkaSettings, topology: Topology, n: int) -> dic
 
 
 async def _decision(kafka: KafkaSettings, topology: Topology, rid: str) -> dict[str, Any] | None:
-    for rec in await _read_to_end(kafka, topology.decisions_topic("select"), topology.spec.partitions):
+    for rec in await read_to_end(kafka, topology.decisions_topic("select"), topology.spec.partitions):
         with contextlib.suppress(ValueError):
             doc = json.loads(rec.value)
             if doc.get("id") == rid:

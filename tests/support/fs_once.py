@@ -12,7 +12,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Iterable
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from fs_topics import read_to_end
 
 from flowserve.client import TopologyClient
 from flowserve.kafka.settings import KafkaSettings
@@ -22,25 +22,12 @@ from flowserve.wire.envelope import H_ID
 async def replies_on_topic(kafka: KafkaSettings, topic: str, partitions: int, ids: Iterable[str]) -> Counter[str]:
     """How many reply records each of ``ids`` has on ``topic``, read from the start to its current end."""
     wanted = set(ids)
-    consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False, **kafka.client_kwargs())
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        counts: Counter[str] = Counter()
-        async with asyncio.timeout(120):
-            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-                for records in (await consumer.getmany(timeout_ms=500, max_records=10_000)).values():
-                    for rec in records:
-                        raw = rec.key or dict(rec.headers or ()).get(H_ID, b"")
-                        rid = raw.decode("utf-8", "replace")
-                        if rid in wanted:
-                            counts[rid] += 1
-        return counts
-    finally:
-        await consumer.stop()
+    counts: Counter[str] = Counter()
+    for rec in await read_to_end(kafka, topic, partitions):
+        rid = (rec.key or dict(rec.headers or ()).get(H_ID, b"")).decode("utf-8", "replace")
+        if rid in wanted:
+            counts[rid] += 1
+    return counts
 
 
 async def assert_answered_once(client: TopologyClient, kafka: KafkaSettings, ids: Iterable[str]) -> int:
