@@ -91,12 +91,11 @@ def kafka_missing(libs_dir: str | Path | None = None) -> str | None:
     return None
 
 
-def _fetch(target: Path, what: tuple[str, ...] = ()) -> None:
-    """Fetch the jars into ``target`` once (``what``: ``("tools",)`` for the console clients): from the list
+def _fetch(target: Path, *, tools: bool = False) -> None:
+    """Fetch the jars into ``target`` once (``tools``: the console clients): from the list
     pinned in this package (fetch.py: no Maven needed, and several times faster than mvn), else, for a
     Kafka version with no pinned list, with apache/fetch-jars.sh (Maven)."""
     version = os.environ.get("FLOWSERVE_KAFKA_VERSION", KAFKA_VERSION)
-    tools = "tools" in what
     jars = pinned_jars(version, tools=tools)
     if jars is not None:
         label = f"Apache Kafka {version}'s {'console clients' if tools else 'jars'}"
@@ -115,7 +114,8 @@ def _fetch(target: Path, what: tuple[str, ...] = ()) -> None:
             "FLOWSERVE_KAFKA_VERSION), or set FLOWSERVE_KAFKA_LIBS to the libs/ folder of a Kafka 4 download"
         )
     # the script takes the libs/ folder and puts tools/ beside it
-    libs = target.with_name("libs") if what else target
+    libs = target.with_name("libs") if tools else target
+    what = ["tools"] if tools else []
     env = {**os.environ, "FLOWSERVE_KAFKA_LIBS": str(libs), "FLOWSERVE_KAFKA_VERSION": version}
     try:
         done = subprocess.run(["bash", str(script), *what], env=env, capture_output=True, text=True, timeout=900)
@@ -144,7 +144,7 @@ def kafka_tools_dir(libs_dir: str | Path | None = None) -> Path:
     if any(libs.glob("kafka-tools-[0-9]*.jar")):  # the libs/ folder of a Kafka download has them
         return libs
     if not any(tools.glob("kafka-tools-[0-9]*.jar")):
-        _fetch(tools, ("tools",))
+        _fetch(tools, tools=True)
     if not any(tools.glob("kafka-tools-[0-9]*.jar")):
         raise FetchError(f"Kafka's console clients are not in {tools} after fetching them: "
                          "run deploy/kafka/fetch-jars.sh tools by hand")
