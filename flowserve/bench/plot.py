@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flowserve.bench import plot_learning
+from flowserve.bench import plot_learning, plot_tuner
 from flowserve.errors import FlowserveError
 
 Drawer = Callable[[Any, dict[str, Any]], None]
@@ -155,7 +155,11 @@ def capture(fig: Any, result: dict[str, Any]) -> None:
 
 def tuner(fig: Any, result: dict[str, Any]) -> None:
     """The tuner against static and KEDA provisioning per trace (attainment, cost), and the simulator's
-    p99 against the live p99 per pipeline, for the sections the result holds."""
+    p99 against the live p99 per pipeline, for the sections the result holds; the simulated part's
+    consumers over time (:mod:`flowserve.bench.plot_tuner`)."""
+    if result.get("part") == "simulated":
+        plot_tuner.simulated(fig, result)
+        return
     rows = result.get("tuner") or []
     sims = [r for r in result.get("simulate") or [] if "error" not in r]
     axes = list(fig.subplots(1, (2 if rows else 0) + (1 if sims else 0) or 1, squeeze=False)[0])
@@ -294,6 +298,9 @@ def plot_result(result: dict[str, Any], path: str | Path) -> Any:
     fig = _figure(panels, width=5.5 if workload == "gateway" else 6.5)
     if workload == "gateway":
         fig.set_figheight(8)
+    if workload == "tuner" and result.get("part") == "simulated":
+        rows, cols = plot_tuner.panels(result)
+        fig.set_size_inches(5 * cols, 3.6 * rows)
     if workload == "learn":  # a row of two panels per part
         fig.set_figheight(4.5 * sum(isinstance(result.get(p), dict) for p in plot_learning.PARTS) or 4.5)
     drawer(fig, result)

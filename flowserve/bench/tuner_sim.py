@@ -29,6 +29,7 @@ from flowserve.bench.tuner_contenders import (
     CONTENDERS,
     Outcome,
     SimSettings,
+    oracle_counts,
     run_keda,
     run_oracle,
     run_static,
@@ -37,7 +38,8 @@ from flowserve.bench.tuner_contenders import (
 from flowserve.runtime import hardware as hw
 from flowserve.topology.graph import load_topology
 from flowserve.tuning.cluster import PAUSE_S, START_S
-from flowserve.tuning.plan import Plan, make_plan, stage_options
+from flowserve.tuning.plan import Plan, StageConfig, make_plan, planned_envelope, stage_options
+from flowserve.tuning.simulate import batch_time
 from flowserve.tuning.traces import SCALE_KINDS, Trace, at_scale, generate, load_trace
 
 ROOT = Path(__file__).resolve().parents[2] / "topologies"
@@ -65,13 +67,22 @@ def _mean_sample(trace: Trace, seconds: float = 60.0, seed: int = 6) -> np.ndarr
 
 
 def plans(pipeline: str, trace: Trace, slo_ms: float, cfg: SimSettings) -> tuple[Plan, Plan]:
-    """(static's plan: the busiest minute; the adaptive start: a mean-rate sample on static's partitions)."""
+    """(static's plan: the busiest minute; the adaptive start: static's hardware, batches and partitions
+    with the fewest consumers meeting the SLO on a mean-rate sample, and that sample's envelope)."""
     topology = load_topology(ROOT / f"{pipeline}.yaml")
-    hop_ms, overhead_ms = cfg.hop_s * 1000, cfg.overhead_s * 1000
-    peak = make_plan(topology, _busiest(trace), slo_ms, hop_ms=hop_ms, overhead_ms=overhead_ms, seed=cfg.seed)
-    mean = make_plan(topology, _mean_sample(trace), slo_ms, hop_ms=hop_ms, overhead_ms=overhead_ms, seed=cfg.seed)
-    start = Plan(peak.topology, slo_ms, max(peak.partitions, mean.partitions), hop_ms, dict(mean.stages),
-                 overhead_ms=overhead_ms, envelope=list(mean.envelope))
+    # the planner takes one figure each: the mean of what the cluster draws from
+    hop_ms, overhead_ms = float(np.mean(cfg.hop_s)) * 1000, float(np.mean(cfg.overhead_s)) * 1000
+    peak = make_plan(topology, _busiest(trace), slo_ms, hop_ms=hop_ms, overhead_ms=overhead_ms, seed=cfg.seed,
+                     headroom=cfg.headroom)
+    sample = _mean_sample(trace)
+    # every contender runs static's hardware and batches, so they differ in consumers alone (a plan for the
+    # mean rate picks smaller batches, which serve fewer requests per consumer at the peak)
+    counts = oracle_counts(stage_options(topology), sample, peak, cfg, 60.0)[0]
+    stages = {k: StageConfig(c.hardware, c.max_batch, counts[k]) for k, c in peak.stages.items()}
+    start = Plan(peak.topology, slo_ms, peak.partitions, hop_ms, stages, overhead_ms=overhead_ms,
+                 envelope=planned_envelope(sample, min(batch_time(o.tables[stages[o.id].hardware],
+                                                                  stages[o.id].max_batch)
+                                                       for o in stage_options(topology)) + overhead_ms / 1000))
     return peak, start
 
 
@@ -85,7 +96,7 @@ def run_contender(name: str, pipeline: str, trace: Trace, peak: Plan, start: Pla
         return run_oracle(options, a, peak, cfg, s)
     if name.startswith("keda"):
         return run_keda(topology, options, a, start, cfg, s, preset=name)
-    return run_tuner(options, a, start, cfg, s, rule="relative" if name == "tuner-relative" else "bound")
+    return run_tuner(options, a, start, cfg, s, rule=name.removeprefix("tuner-") if "-" in name else "profile")
 
 
 def row(pipeline: str, trace: str, contender: str, out: Outcome, prices: dict[str, float], slo_s: float
@@ -161,7 +172,9 @@ def simulated_bench(pipelines: Sequence[str] = DEFAULT_PIPELINES, traces: Sequen
     if trace_file is not None:
         made[Path(trace_file).stem] = load_trace(trace_file)
     prices_hw = {k: h.price_per_hour for k, h in hw.HARDWARE.items()}
-    rows, plans_out = [], []
+    rows, plans_out, timelines = [], [], []
+    # the arrival rate per minute of each trace, drawn by --plot against the contenders' consumers
+    rates = {name: (np.bincount((t.arrivals // 60).astype(int)) / 60).round(1).tolist() for name, t in made.items()}
     wall = time.perf_counter()
     for pipeline in pipelines:
         slo_ms = PIPELINES[pipeline]
@@ -182,6 +195,8 @@ def simulated_bench(pipelines: Sequence[str] = DEFAULT_PIPELINES, traces: Sequen
                 r = row(pipeline, tname, name, out, prices, cfg.slo_s)
                 r["wall_s"] = time.perf_counter() - t0
                 rows.append(r)
+                timelines.append({"pipeline": pipeline, "trace": tname, "contender": name,
+                                  "consumers": total_consumers(out.timeline)})
                 if log:
                     log(f"{pipeline} / {tname} / {name}: attainment {r['attainment'] * 100:.3f}% misses {r['misses']} "
                         f"p99 {r['p99_ms']:.0f} ms ${r['cost_dollars']:.2f} actions {r['actions']} "
@@ -191,8 +206,40 @@ def simulated_bench(pipelines: Sequence[str] = DEFAULT_PIPELINES, traces: Sequen
     return {"workload": "tuner", "part": "simulated", "peak_rps": peak, "seconds": seconds, "start": start,
             "start_s": [float(START_S[start].min()), float(START_S[start].max())],
             "pause_s": [float(PAUSE_S.min()), float(PAUSE_S.max())], "hop_ms": 5.0, "overhead_ms": 5.0,
-            "plans": plans_out, "rows": rows, "wall_s": time.perf_counter() - wall,
-            "targets": simulated_targets(rows)}
+            "summary": summary(rows), "plans": plans_out, "rows": rows, "rates_per_minute": rates,
+            "timelines": timelines, "wall_s": time.perf_counter() - wall, "targets": simulated_targets(rows)}
+
+
+def total_consumers(timeline: dict[str, list[tuple[float, int]]]) -> list[list[float]]:
+    """[time, consumers of every stage together] at each change."""
+    events = sorted({t for changes in timeline.values() for t, _ in changes})
+    out: list[list[float]] = []
+    for t in events:
+        total = sum(next((c for at, c in reversed(changes) if at <= t), 0) for changes in timeline.values())
+        if not out or out[-1][1] != total:
+            out.append([round(t, 2), total])
+    return out
+
+
+def summary(rows: Sequence[dict[str, Any]], tuner: str = TUNER) -> list[dict[str, Any]]:
+    """Per pipeline x trace, the tuner beside the others: its attainment and cost against the oracle's and
+    static's, and the better KEDA variant's (the one missing fewer)."""
+    by = {(r["pipeline"], r["trace"], r["contender"]): r for r in rows}
+    out = []
+    for p, t in dict.fromkeys((r["pipeline"], r["trace"]) for r in rows):
+        me, oracle = by.get((p, t, tuner)), by.get((p, t, "oracle"))
+        kedas = [k for k in (by.get((p, t, "keda")), by.get((p, t, "keda-tuned"))) if k is not None]
+        keda = min(kedas, key=lambda k: k["misses"]) if kedas else None
+        if me is None:
+            continue
+        out.append({"pipeline": p, "trace": t, "tuner_attainment": me["attainment"],
+                    "tuner_cost_vs_oracle": me.get("cost_vs_oracle"), "tuner_cost_vs_static": me.get("cost_vs_static"),
+                    "oracle_attainment": oracle["attainment"] if oracle else None,
+                    "keda_best": keda["contender"] if keda else None,
+                    "keda_attainment": keda["attainment"] if keda else None,
+                    "keda_cost_vs_oracle": keda.get("cost_vs_oracle") if keda else None,
+                    "tuner_misses_vs_keda": me["misses"] / keda["misses"] if keda and keda["misses"] else None})
+    return out
 
 
 def _print(rows: list[dict[str, Any]]) -> None:

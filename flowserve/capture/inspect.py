@@ -53,8 +53,9 @@ def split_target(target: str) -> tuple[str, list[str]]:
 async def target_topics(reader: Reader, target: str, prefix: str = "fs") -> list[str]:
     topology, rest = split_target(target)
     base = resolve_base(topology, prefix)
-    if len(rest) > 2:
-        raise FlowserveError(f"inspect target '{target}' must be TOPOLOGY[.NODE[.PORT]]")
+    if len(rest) > 3:
+        raise FlowserveError(f"inspect target '{target}' must be TOPOLOGY[.NODE[.PORT]] (or a fused chain's side "
+                             "topic TOPOLOGY.CHAIN.MEMBER.PORT)")
     existing = await reader.topics(base + ".")
     hidden = {f"{base}.{name}" for name in HIDDEN}
     if not rest:
@@ -64,8 +65,8 @@ async def target_topics(reader: Reader, target: str, prefix: str = "fs") -> list
         topics = [f"{base}.{rest[0]}"] if f"{base}.{rest[0]}" in existing else []
     elif len(rest) == 1:
         topics = [t for t in existing if t.startswith(f"{base}.{rest[0]}.")]
-    else:
-        topics = [t for t in existing if t == f"{base}.{rest[0]}.{rest[1]}"]
+    else:  # NODE.PORT, or a fused chain's side topic CHAIN.MEMBER.PORT
+        topics = [t for t in existing if t == f"{base}.{'.'.join(rest)}"]
     if not topics:
         raise FlowserveError(f"no topic on the broker matches '{target}' (topics of {base}: "
                              f"{', '.join(t[len(base) + 1:] for t in existing) or 'none'}); "

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from flowserve.console import make_console
 from flowserve.errors import FlowserveError, SettingsError
+from flowserve.tuning.rules import RULES
 
 if TYPE_CHECKING:
     from flowserve.kafka.settings import KafkaSettings
@@ -368,7 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--amount", type=float, default=0.0, help="--sample: size of the --shift")
     p.add_argument("--gateway-port", type=int, metavar="PORT",
                    help="also serve the topology over HTTP (Open Inference Protocol V2) on 127.0.0.1:PORT")
-    p.add_argument("--plan", help="apply a plan file (flowserve plan): partitions, consumers, batch, hardware")
+    p.add_argument("--plan", help="apply a plan file (flowserve plan): partitions, consumers, batch, hardware and "
+                   "the chains it fused")
     p.add_argument("--max-restarts", type=int, default=5, metavar="N",
                    help="a worker that dies N times in a row within 30 s of starting is a crash loop: stop the run")
     p.set_defaults(func=cmd_run)
@@ -517,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tuner-rate", type=float, default=30.0, help="tuner, simulate: base request rate")
     p.add_argument("--trace-seconds", type=float, default=40.0, help="tuner, simulate: length of each trace")
     p.add_argument("--slo-ms", type=float, default=600.0, help="tuner: end-to-end SLO")
-    p.add_argument("--tuner-rule", choices=("bound", "relative"), default="bound",
+    p.add_argument("--tuner-rule", choices=RULES, default=RULES[0],
                    help="tuner: the tuner contender's rule (flowserve tune --rule)")
     p.add_argument("--sim-repeats", type=int, default=3,
                    help="simulate: traces replayed per pipeline (the p99 compared is over all of them)")

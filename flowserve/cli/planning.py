@@ -11,6 +11,7 @@ from rich.table import Table
 
 from flowserve.console import make_console
 from flowserve.errors import FlowserveError
+from flowserve.tuning.rules import RULES
 
 out = make_console()
 err = make_console(stderr=True)
@@ -89,6 +90,7 @@ def _stage_table(title: str, plan: Any, stats: dict[str, Any]) -> Table:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from flowserve.topology import load_topology
+    from flowserve.tuning.fusion_plan import fused_options
     from flowserve.tuning.plan import load_plan, sim_stages, stage_options
     from flowserve.tuning.simulate import simulate
     from flowserve.tuning.traces import load_trace
@@ -96,7 +98,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     topology = load_topology(args.topology)
     plan = load_plan(args.plan)
     trace = load_trace(args.trace)
-    options = stage_options(topology)
+    options = fused_options(stage_options(topology), plan.fuse)
     missing = [o.id for o in options if plan.stages.get(o.id) is None or plan.stages[o.id].hardware not in o.tables]
     if missing:
         raise FlowserveError(f"the plan has no usable entry for node(s) {', '.join(missing)}")
@@ -122,6 +124,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from flowserve.runtime import hardware as hw
     from flowserve.topology import load_topology
+    from flowserve.tuning.fusion_plan import fused_options, make_fused_plan
     from flowserve.tuning.plan import make_plan, save_plan, sim_stages, stage_options
     from flowserve.tuning.simulate import simulate
     from flowserve.tuning.traces import load_trace
@@ -131,30 +134,51 @@ def cmd_plan(args: argparse.Namespace) -> int:
     prices = {k: h.price_per_hour for k, h in hw.HARDWARE.items()}
     if args.hardware:
         prices = _read_prices(args.hardware)
+    planner = make_plan if args.no_fuse else make_fused_plan
     with err.status("planning (simulating candidate configurations)…"):
-        plan = make_plan(topology, trace.arrivals, args.slo_ms, hop_ms=args.hop_ms, overhead_ms=args.overhead_ms,
-                         prices=prices, headroom=args.headroom, seed=args.seed,
-                         log=(lambda m: err.print(m)) if args.verbose else None)
+        plan = planner(topology, trace.arrivals, args.slo_ms, hop_ms=args.hop_ms, overhead_ms=args.overhead_ms,
+                       prices=prices, headroom=args.headroom, seed=args.seed,
+                       log=(lambda m: err.print(m)) if args.verbose else None)
     target = Path(args.out) if args.out else Path(args.topology).with_suffix(".plan.json")
     save_plan(plan, target)
-    result = simulate(sim_stages(stage_options(topology), plan.stages), trace.arrivals,
+    options = fused_options(stage_options(topology), plan.fuse)
+    result = simulate(sim_stages(options, plan.stages), trace.arrivals,
                       partitions=plan.partitions, hop_s=plan.hop_ms / 1000, overhead_s=plan.overhead_ms / 1000,
                       seed=args.seed)
     out.print(_stage_table(f"{topology.name}: plan for p99 <= {args.slo_ms:g} ms -> {target}", plan, result.stages))
     p = plan.predicted
     out.print(f"predicted p99 {p['p99_ms']:.1f} ms  cost ${p['cost_per_hour']:.3f}/h  partitions {plan.partitions}")
+    _print_fusion(plan)
     if args.plot:
         from flowserve.bench.plot import plot_plan
         from flowserve.tuning import curves
         from flowserve.tuning.plan import service_curves
 
-        stages = service_curves(stage_options(topology), plan)
+        stages = service_curves(options, plan)
         shortest = min(beta.latency for beta in stages.values())
         plot_plan(curves.envelope(trace.arrivals, shortest), stages, args.slo_ms / 1000, args.plot,
                   title=f"{topology.name}:")
         err.print(f"plot: {args.plot}")
     print(json.dumps({"plan": str(target), **plan.to_json()}))
     return 0
+
+
+def _print_fusion(plan: Any) -> None:
+    """Which chains the planner fused and why, and the links it could not fuse."""
+    fusion = plan.fusion
+    if not fusion:
+        return
+    unfused = fusion.get("unfused", {})
+    if "cost_per_hour" in unfused:
+        out.print(f"unfused: ${unfused['cost_per_hour']:.3f}/h, p99 {unfused['p99_ms']:.1f} ms")
+    for name, chain in fusion.get("chains", {}).items():
+        out.print(f"fused {name} = {' -> '.join(chain['members'])} on {chain['hardware']}: {chain['why']}")
+    if not fusion.get("chains"):
+        tried = len(fusion.get("considered", []))
+        out.print(f"fused nothing: none of the {tried} candidate chain(s) was cheaper" if tried else
+                  "fused nothing: no two adjacent stages may fuse")
+    for link in fusion.get("refused", []):
+        out.print(f"  not fusable: {link['link']}: {link['why']}")
 
 
 def _read_prices(path: str) -> dict[str, float]:
@@ -229,6 +253,9 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="plan file (default: <topology>.plan.json)")
     p.add_argument("-v", "--verbose", action="store_true", help="log each search step")
+    p.add_argument("--no-fuse", action="store_true",
+                   help="plan every node as a stage of its own (by default the planner fuses chains of adjacent "
+                        "stages where the simulation says that is cheaper, or as cheap with a lower p99)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw the trace's arrival envelope against the planned service curves (needs matplotlib)")
     p.set_defaults(func=cmd_plan)
@@ -244,7 +271,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from flowserve.runtime.host import ProcessHost, create_topology_topics
     from flowserve.topology import load_topology
     from flowserve.tuning.plan import apply_plan, load_plan
-    from flowserve.tuning.tuner import KubernetesScaler, LocalScaler, Scaler, tune
+    from flowserve.tuning.scalers import KubernetesScaler, LocalScaler, Scaler
+    from flowserve.tuning.tuner import tune
 
     plan = load_plan(args.plan)
     topology = apply_plan(load_topology(args.topology), plan)
@@ -287,9 +315,10 @@ def register_tune(sub: Any) -> None:
     p.add_argument("--hold-s", type=float, default=30.0, help="stay below this long before scaling down")
     p.add_argument("--hysteresis", type=float, default=0.25, help="scale down only below (1 - h) of the need")
     p.add_argument("--horizon-s", type=float, default=60.0, help="longest envelope window (seconds of history)")
-    p.add_argument("--rule", choices=("bound", "relative"), default="bound",
-                   help="size stages on the delay bound of the live envelope, or relative to the plan's envelope "
-                        "(InferLine's trigger)")
+    p.add_argument("--rule", choices=RULES, default=RULES[0],
+                   help="size stages on the live rate against one consumer's simulated safe rate (profile), on "
+                        "the delay bound of the live envelope (bound), or relative to the plan's envelope "
+                        "(relative: InferLine's trigger)")
     p.add_argument("--max-partitions", type=int, metavar="N",
                    help="let stages scale past the plan's partitions: grow every topic of the topology together, "
                         "up to N (CreatePartitions: Apache Kafka; partitions are never removed)")

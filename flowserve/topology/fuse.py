@@ -12,7 +12,10 @@ The chain keeps every contract of its members: ports are checked as without fusi
 between members as a worker checks the records it reads), an item a member fails becomes an error result
 naming that member, an item a member routes away (a ``Result`` mask) stops there, and the fused node's
 lineage describes every member. What it gives up: the members scale together, and the data between them
-is not on Kafka (so it cannot be captured or inspected).
+is not on Kafka. Where capture is on for the chain, it *taps* its inner edges: the chain also returns each
+inner edge's tensors as an output port ``<member>.<port>``, which capture writes for the sampled requests
+to a side topic ``<base>.<chain>.<member>.<port>`` (as it writes any port nobody reads). A node that says
+``fuse: never`` is never a member (``flowserve plan`` chooses fusion on its own, and respects it too).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flowserve.component import Batch, Component, Result, load_component_class, read_result
 from flowserve.errors import ComponentError, TopologyError, WireError
+from flowserve.topology.capture import node_policy
 
 if TYPE_CHECKING:
     from flowserve.topology.graph import Topology
@@ -47,6 +51,9 @@ class ChainParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     steps: list[ChainStep] = Field(min_length=2)
+    #: member -> its output ports also returned as the chain's port ``<member>.<port>`` (capture's taps of
+    #: the inner edges: the rows that reached the member, masked where they did not).
+    taps: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class Chain(Component):
@@ -63,6 +70,12 @@ class Chain(Component):
         members = [c for _, c in self.steps]
         self.inputs = dict(members[0].inputs)  # type: ignore[misc]
         self.outputs = dict(members[-1].outputs)  # type: ignore[misc]
+        by_id = {s.id: c for s, c in self.steps[:-1]}
+        for member, ports in self.params.taps.items():
+            if member not in by_id or any(p not in by_id[member].outputs for p in ports):
+                raise ComponentError(f"node '{node}': taps name '{member}' ports {', '.join(ports)}: a tap is an "
+                                     f"output port of a member before the last ({', '.join(by_id)})")
+            self.outputs.update({f"{member}.{p}": by_id[member].outputs[p] for p in ports})
         self.max_batch = min(c.max_batch for c in members)  # type: ignore[misc]
         self.offload = any(c.offload for c in members)  # type: ignore[misc]
         self._gather_hashes()
@@ -102,6 +115,7 @@ class Chain(Component):
         outputs: dict[str, np.ndarray] = {}
         mask: dict[str, np.ndarray] = {}
         last = len(self.steps) - 1
+        tapped: list[tuple[str, np.ndarray, np.ndarray, np.ndarray | None]] = []  # port, rows, origin, mask
         for k, (step, component) in enumerate(self.steps):
             try:
                 result = component.process(current)
@@ -112,13 +126,25 @@ class Chain(Component):
                 errors.setdefault(int(origin[i]), f"node '{step.id}': {why}")
             if k == last:
                 break
+            tapped += [(f"{step.id}.{p}", outputs[p], origin, mask.get(p))
+                       for p in self.params.taps.get(step.id, ()) if p in outputs]
             current, origin = self._handoff(current, origin, outputs, mask, errs, self.steps[k + 1], errors)
             if not current.sizes:
                 outputs, mask = {}, {}
                 break
-        if len(current.sizes) == len(batch.sizes) and len(origin) == batch.rows:  # nobody left the chain
-            return Result(outputs, mask, errors) if mask or errors else outputs
-        return self._widen(batch, origin, outputs, mask, errors)
+        whole = len(current.sizes) == len(batch.sizes) and len(origin) == batch.rows  # nobody left the chain
+        if whole:
+            full, wide_mask = dict(outputs), dict(mask)
+        else:
+            full, wide_mask = self._widen(batch.rows, origin, outputs, mask)
+        for port, rows, at, m in tapped:
+            if len(at) == batch.rows and m is None:
+                full[port] = rows
+            else:
+                tap, tap_mask = self._widen(batch.rows, at, {port: rows}, {} if m is None else {port: m})
+                full.update(tap)
+                wide_mask.update(tap_mask)
+        return Result(full, wide_mask, errors) if wide_mask or errors or not whole else full
 
     @staticmethod
     def _handoff(current: Batch, origin: np.ndarray, outputs: dict[str, np.ndarray], mask: dict[str, np.ndarray],
@@ -163,22 +189,24 @@ class Chain(Component):
             headers = [h for h, b in zip(headers, bad, strict=True) if not b] if headers else []
         return Batch(tensors, [int(n) for n in sizes], ids, headers), origin
 
-    def _widen(self, batch: Batch, origin: np.ndarray, outputs: dict[str, np.ndarray],
-               mask: dict[str, np.ndarray], errors: dict[int, str]) -> Result:
-        """Outputs sized for the whole batch again: the rows that left the chain are masked out."""
-        present = np.zeros(batch.rows, dtype=bool)
+    @staticmethod
+    def _widen(rows: int, origin: np.ndarray, outputs: dict[str, np.ndarray], mask: dict[str, np.ndarray]
+               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Outputs sized for the whole batch (``rows``) again, and their masks: the rows that left the
+        chain (not in ``origin``) are masked out."""
+        present = np.zeros(rows, dtype=bool)
         present[origin] = True
         full: dict[str, np.ndarray] = {}
         wide_mask: dict[str, np.ndarray] = {}
         for port, a in outputs.items():
-            wide = np.zeros((batch.rows, *a.shape[1:]), dtype=a.dtype)
+            wide = np.zeros((rows, *a.shape[1:]), dtype=a.dtype)
             wide[origin] = a
             full[port] = wide
             m = present.copy()
             if port in mask:
                 m[origin] &= mask[port]
             wide_mask[port] = m
-        return Result(full, wide_mask, errors)
+        return full, wide_mask
 
 
 def _violations(node: str, component: Component, tensors: dict[str, np.ndarray], sizes: np.ndarray | list[int],
@@ -215,6 +243,7 @@ def fuse_spec(spec: TopologySpec, unfused: Topology, source: str) -> TopologySpe
     nodes: dict[str, NodeSpec] = dict(spec.nodes)
     rename: dict[str, str] = {}  # last member -> fused node id, for references from outside
     seen: dict[str, str] = {}
+    tap_ports: list[str] = []  # "<chain>.<member>.<port>" of every tapped inner edge, for capture.ports
     for name, members in spec.fuse.items():
         if len(members) < 2:
             raise TopologyError(f"fuse.{name}: a chain needs at least two nodes", source=source, node=name)
@@ -232,11 +261,17 @@ def fuse_spec(spec: TopologySpec, unfused: Topology, source: str) -> TopologySpe
                                 node=name)
         _check_chain(name, members, unfused, spec, source)
         steps = []
+        wirings: list[dict[str, str]] = []
         for k, m in enumerate(members):
             ns = spec.nodes[m]
             bindings = unfused.nodes[m].bindings
             wiring = {} if k == 0 else {port: srcs[0].tensor for port, srcs in bindings.items()}
+            wirings.append(wiring)
             steps.append({"id": m, "component": ns.component, "params": ns.params, "wiring": wiring})
+        # capture on for the chain: its inner edges (what each member reads of the one before) are tapped
+        taps = ({prev: sorted(set(w.values())) for prev, w in zip(members, wirings[1:], strict=False)}
+                if node_policy(spec, name).active else {})
+        tap_ports += [f"{name}.{m}.{p}" for m, ports in taps.items() for p in ports]
         head = spec.nodes[members[0]]
         if head.join.type == "deadline":  # its absent inputs would reach the chain's first step unflagged
             raise TopologyError(f"fuse.{name}: '{members[0]}' is behind a deadline join, which a chain cannot "
@@ -246,7 +281,8 @@ def fuse_spec(spec: TopologySpec, unfused: Topology, source: str) -> TopologySpe
         # many requests as its most limited member takes (its max_batch, or its component's), on as many
         # replicas as its most replicated member.
         batching = next((s.batching for s in specs if s.batching != BatchingSpec()), head.batching)
-        fused = NodeSpec(component=CHAIN, params={"steps": steps}, inputs=head.inputs, triggers=head.triggers,
+        fused = NodeSpec(component=CHAIN, params={"steps": steps, "taps": taps}, inputs=head.inputs,
+                         triggers=head.triggers,
                          join=head.join, batching=batching, replicas=max(s.replicas for s in specs),
                          max_batch=min(unfused.nodes[m].max_batch for m in members),
                          cache=_chain_cache(name, members, spec, source))
@@ -256,7 +292,10 @@ def fuse_spec(spec: TopologySpec, unfused: Topology, source: str) -> TopologySpe
         rename[members[-1]] = name
     rebuilt = {nid: _renamed(ns, rename) for nid, ns in nodes.items()}
     outputs = {k: _ref(v, rename) for k, v in spec.outputs.items()}
-    return spec.model_copy(update={"nodes": rebuilt, "outputs": outputs, "fuse": {}})
+    capture = spec.capture
+    if capture is not None and tap_ports:
+        capture = capture.model_copy(update={"ports": list(dict.fromkeys([*capture.ports, *tap_ports]))})
+    return spec.model_copy(update={"nodes": rebuilt, "outputs": outputs, "fuse": {}, "capture": capture})
 
 
 def _chain_cache(name: str, members: list[str], spec: TopologySpec, source: str) -> CacheSpec | None:
@@ -279,6 +318,10 @@ def _chain_cache(name: str, members: list[str], spec: TopologySpec, source: str)
 
 
 def _check_chain(name: str, members: list[str], unfused: Topology, spec: TopologySpec, source: str) -> None:
+    for m in members:
+        if spec.nodes[m].fuse == "never":
+            raise TopologyError(f"fuse.{name}: node '{m}' says 'fuse: never'; take it out of the chain or drop "
+                                "its 'fuse: never'", source=source, node=m)
     for prev, m in zip(members, members[1:], strict=False):
         node = unfused.nodes[m]
         if node.triggers or any(len(srcs) != 1 or srcs[0].node != prev for srcs in node.bindings.values()):

@@ -103,6 +103,17 @@ class NodeSpec(_Strict):
     #: cache this node's outputs by its input tensors and version (``cache: {max_mb: 64, ttl_s: 60}``).
     #: Only for outputs that are a function of the inputs (and of the headers named under ``vary``).
     cache: CacheSpec | None = None
+    #: ``never``: the planner (``flowserve plan``) keeps this node a stage of its own, and a ``fuse:`` chain
+    #: may not take it; ``auto`` (the default): the planner fuses it where the simulation says that pays.
+    fuse: Literal["auto", "never"] = "auto"
+
+    @field_validator("fuse", mode="before")
+    @classmethod
+    def _fuse_policy(cls, value: Any) -> Any:
+        if value not in ("auto", "never"):
+            raise ValueError(f"{value!r} is not a fusion policy: write 'never' (the planner keeps this node a "
+                             "stage of its own) or 'auto' (the default: the planner may fuse it)")
+        return value
 
 
 class TopologySpec(_Strict):

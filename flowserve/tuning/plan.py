@@ -19,6 +19,8 @@ The bound holds for the simulator itself, so pruning changes the time taken, not
 The plan file gives, per stage, the hardware kind, max batch and consumers, plus the topology's partition
 count: the most consumers any stage has, times ``headroom``, so that the tuner can add consumers without
 adding partitions. ``flowserve run --plan`` and ``flowserve worker --plan`` apply it (:func:`apply_plan`).
+``flowserve plan`` also chooses which chains of stages to fuse (:mod:`flowserve.tuning.fusion_plan`): a plan
+names them under ``fuse`` (a stage of the plan is then a chain) and says why under ``fusion``.
 """
 
 from __future__ import annotations
@@ -33,14 +35,17 @@ from typing import Any
 
 import numpy as np
 
+from flowserve.component import Component
 from flowserve.errors import FlowserveError
 from flowserve.runtime import hardware as hw
 from flowserve.runtime.profiles import load_profiles, profile_path
+from flowserve.topology.fuse import Chain
 from flowserve.topology.graph import Topology, compile_spec
 from flowserve.topology.spec import BatchingSpec
 from flowserve.tuning import curves
+from flowserve.tuning.bounds import Bounds, required_stages  # noqa: F401 - required_stages: re-exported
 from flowserve.tuning.documents import read_document
-from flowserve.tuning.simulate import SimResult, SimStage, batch_time, jitter_floor, simulate
+from flowserve.tuning.simulate import SimResult, SimStage, batch_time, simulate
 
 PLAN_FORMAT = "flowserve-plan/1"
 #: A stage with neither a declared table nor a profile costs this (builtin plumbing such as Identity).
@@ -82,12 +87,17 @@ class Plan:
     #: the arrival envelope of the trace the plan was made for: (window seconds, most arrivals in such a
     #: window). The tuner scales against it (InferLine: the plan holds for its sample; act when live exceeds it).
     envelope: list[tuple[float, int]] = field(default_factory=list)
+    #: the chains the planner fused: fused stage id -> its members in order (a stage of ``stages``)
+    fuse: dict[str, list[str]] = field(default_factory=dict)
+    #: why: each fused chain's cost and p99 against its members apart, the candidates weighed, the
+    #: links that may not fuse and the reason (:func:`flowserve.tuning.fusion_plan.choose_fusion`)
+    fusion: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": PLAN_FORMAT, "topology": self.topology, "slo_ms": self.slo_ms,
                 "partitions": self.partitions, "hop_ms": self.hop_ms, "overhead_ms": self.overhead_ms,
                 "stages": {k: asdict(v) for k, v in self.stages.items()}, "predicted": self.predicted,
-                "envelope": [[w, n] for w, n in self.envelope]}
+                "envelope": [[w, n] for w, n in self.envelope], "fuse": self.fuse, "fusion": self.fusion}
 
     def cost_per_hour(self, prices: dict[str, float]) -> float:
         return sum(c.consumers * prices[c.hardware] for c in self.stages.values())
@@ -103,48 +113,81 @@ def load_plan(path: str | Path) -> Plan:
     doc = read_document(path, PLAN_FORMAT, "plan", "; write one with 'flowserve plan'")
     stages = {k: StageConfig(str(v["hardware"]), int(v["max_batch"]), int(v["consumers"]))
               for k, v in doc["stages"].items()}
+    fuse = {str(k): [str(m) for m in v] for k, v in (doc.get("fuse") or {}).items()}
     return Plan(doc["topology"], float(doc["slo_ms"]), int(doc["partitions"]), float(doc["hop_ms"]), stages,
                 dict(doc.get("predicted") or {}), float(doc.get("overhead_ms", 0.0)),
-                [(float(w), int(n)) for w, n in doc.get("envelope") or []])
+                [(float(w), int(n)) for w, n in doc.get("envelope") or []], fuse, dict(doc.get("fusion") or {}))
 
 
 # -- from a topology -------------------------------------------------------------------------------
 
 def stage_options(topology: Topology) -> list[StageOptions]:
-    """Each node's options: declared tables per hardware kind, else the measured profile (as ``cpu``)."""
+    """Each node's options: declared tables per hardware kind, else the measured profile (as ``cpu``); a
+    fused chain's, the sums of its members' tables on the kinds they share (:func:`sum_tables`)."""
     profiles = load_profiles(profile_path(topology.source)) if topology.source.endswith((".yaml", ".yml")) else {}
     outputs = {src.node for src in topology.outputs.values()}
-    options = []
-    for node_id, node in topology.nodes.items():
-        tables = {kind: t for kind in hw.HARDWARE if (t := node.component.latency_table(kind))}
+
+    def tables_of(node_id: str, component: Component) -> dict[str, dict[int, float]]:
+        tables = {kind: t for kind in hw.HARDWARE if (t := component.latency_table(kind))}
         if not tables:
             entry = profiles.get(node_id, {})
             measured = {int(k): float(v) for k, v in (entry.get("p50_s") or {}).items()}
             tables = {"cpu": measured or {1: NEGLIGIBLE_S}}
+        return tables
+
+    options = []
+    for node_id, node in topology.nodes.items():
+        component = node.component
+        if isinstance(component, Chain) and node_id not in profiles:
+            parts = [tables_of(step.id, c) for step, c in component.steps]
+            shared = set.intersection(*(set(t) for t in parts))
+            tables = {k: sum_tables([t[k] for t in parts]) for k in sorted(shared)} or {"cpu": {1: NEGLIGIBLE_S}}
+            component = component.steps[-1][1]  # its routing is its last member's
+        else:
+            tables = tables_of(node_id, component)
         inputs = [(src.node, src.tensor) for src in node.sources]
-        options.append(StageOptions(node_id, tables, inputs, node.join.type, node.component.route_fractions(),
+        options.append(StageOptions(node_id, tables, inputs, node.join.type, component.route_fractions(),
                                     node_id in outputs))
     return options
 
 
+def sum_tables(tables: Sequence[dict[int, float]]) -> dict[int, float]:
+    """The latency table of stages run one after the other on one batch: at every size any of them lists
+    (and 1 and MAX_BATCH), the sum of their batch times. :func:`batch_time` is piecewise linear between
+    listed sizes, so the sum is exact at every size up to the largest listed.
+
+    >>> sum_tables([{1: 1.0, 4: 2.5}, {2: 1.0}])
+    {1: 1.5, 2: 2.5, 4: 4.5, 64: 64.5}
+    """
+    sizes = sorted({1, MAX_BATCH, *(n for t in tables for n in t)})
+    return {n: sum(batch_time(t, n) for t in tables) for n in sizes}
+
+
 def apply_plan(topology: Topology, plan: Plan) -> Topology:
-    """The topology with the plan's partitions, and per node its consumers, max batch and hardware."""
+    """The topology with the plan's partitions, per node its consumers, max batch and hardware, and the
+    plan's chains fused (each member of a chain configured as the chain's stage, then fused by ``fuse:``)."""
     if plan.topology != topology.name:
         raise FlowserveError(f"the plan is for topology '{plan.topology}', not '{topology.name}'")
     nodes = dict(topology.spec.nodes)
-    for node_id, cfg in plan.stages.items():
-        if node_id not in nodes:
-            raise FlowserveError(f"the plan names node '{node_id}', which topology '{topology.name}' lacks")
-        node = nodes[node_id]
-        params = dict(node.params)
-        param = topology.nodes[node_id].component.hardware_param
-        if param is not None:
-            params[param] = cfg.hardware
-        nodes[node_id] = node.model_copy(update={
-            "replicas": cfg.consumers, "max_batch": cfg.max_batch, "params": params,
-            "batching": BatchingSpec(policy="lag")})
-    return compile_spec(topology.spec.model_copy(update={"nodes": nodes, "partitions": plan.partitions}),
-                        topology.source)
+    chains = {**topology.spec.fuse, **plan.fuse}
+    components: dict[str, Component] = {}
+    for node_id, compiled in topology.nodes.items():
+        members = compiled.component.steps if isinstance(compiled.component, Chain) else []
+        components.update({node_id: compiled.component, **{step.id: c for step, c in members}})
+    for stage_id, cfg in plan.stages.items():
+        for node_id in chains.get(stage_id, [stage_id]):
+            if node_id not in nodes:
+                raise FlowserveError(f"the plan names node '{node_id}', which topology '{topology.name}' lacks")
+            node = nodes[node_id]
+            params = dict(node.params)
+            param = components[node_id].hardware_param
+            if param is not None:
+                params[param] = cfg.hardware
+            nodes[node_id] = node.model_copy(update={
+                "replicas": cfg.consumers, "max_batch": cfg.max_batch, "params": params,
+                "batching": BatchingSpec(policy="lag")})
+    spec = topology.spec.model_copy(update={"nodes": nodes, "partitions": plan.partitions, "fuse": chains})
+    return compile_spec(spec, topology.source)
 
 
 # -- the search ------------------------------------------------------------------------------------
@@ -172,62 +215,6 @@ def partitions_for(config: dict[str, StageConfig], minimum: int = 1, headroom: f
         return max((math.ceil(p / c) * c / p for c in counts), default=1.0)
 
     return min(range(base, 2 * base), key=lambda p: (excess(p), p)) if counts else base
-
-
-def required_stages(options: Sequence[StageOptions]) -> set[str]:
-    """The stages every completed request passes through: the outputs and, up from them, every input of a
-    single-input or inner-join stage and what all inputs of an any-join share (a routed branch is not)."""
-    by_id = {o.id: o for o in options}
-    memo: dict[str, set[str]] = {}
-
-    def through(sid: str) -> set[str]:
-        if sid not in memo:
-            o = by_id[sid]
-            ups = [through(src) if src is not None else set() for src, _ in o.inputs]
-            shared = set.intersection(*ups) if o.join == "any" and ups else set().union(*ups)
-            memo[sid] = {sid} | shared
-        return memo[sid]
-
-    return set().union(*(through(o.id) for o in options if o.output))
-
-
-class Bounds:
-    """Lower bounds from the trace's arrival curve (:func:`curves.fewest_servers`): per stage, hardware
-    and max batch, the fewest consumers below which the simulated percentile cannot meet the SLO. They
-    hold for the simulator itself (its smallest jitter draw, the smallest hop and overhead), so pruning
-    with them never drops a configuration the simulation would accept."""
-
-    def __init__(self, options: Sequence[StageOptions], arrivals: np.ndarray, slo_s: float, *,
-                 percentile: float, hop_s: float | np.ndarray, overhead_s: float | np.ndarray, jitter: float,
-                 seed: int) -> None:
-        a = np.sort(np.asarray(arrivals, dtype=float))
-        n = a.size
-        # numpy's "higher" percentile is the sorted value at this index: this many late requests exceed it
-        self.late = n - math.ceil(percentile / 100 * (n - 1)) if n else 1
-        span = float(a[-1] - a[0]) if n > 1 else 1.0
-        self.windows, self.counts = curves.window_counts(a, 1e-3, max(span, 2e-3))
-        # a request reaches a stage at least one hop after it arrives and leaves the pipeline a hop after it
-        self.slack = slo_s - 2 * float(np.min(hop_s))
-        self.overhead = float(np.min(overhead_s))
-        self.required = required_stages(options)
-        self.options = {o.id: o for o in options}
-        self.floor = {o.id: jitter_floor(seed, i, n, jitter) for i, o in enumerate(options)}
-        self._fewest: dict[tuple[str, str, int], int] = {}
-
-    def fewest(self, stage: str, kind: str, batch: int) -> int:
-        key = (stage, kind, batch)
-        if key not in self._fewest:
-            if stage not in self.required:
-                self._fewest[key] = 1  # a routed branch sees an unknown share of the trace
-            else:
-                table = self.options[stage].tables[kind]
-                per_item = min((batch_time(table, b) * self.floor[stage] + self.overhead) / b
-                               for b in range(1, batch + 1))
-                self._fewest[key] = curves.fewest_servers(self.windows, self.counts, per_item, self.slack, self.late)
-        return self._fewest[key]
-
-    def rules_out(self, config: dict[str, StageConfig]) -> bool:
-        return any(c.consumers < self.fewest(sid, c.hardware, c.max_batch) for sid, c in config.items())
 
 
 def search(options: Sequence[StageOptions], arrivals: np.ndarray, slo_s: float, *, prices: dict[str, float],
@@ -379,15 +366,34 @@ def make_plan(topology: Topology, arrivals: np.ndarray, slo_ms: float, *, hop_ms
               counts: dict[str, int] | None = None) -> Plan:
     """Plan ``topology`` for the trace ``arrivals`` and the end-to-end p99 objective ``slo_ms``, with
     ``hop_ms`` per Kafka hop and ``overhead_ms`` per batch besides the device (both measured on the target)."""
-    prices = prices or {k: h.price_per_hour for k, h in hw.HARDWARE.items()}
+    prices = prices or default_prices()
+    options = priced_options(topology, prices)
+    config, result = search(options, arrivals, slo_ms / 1000, prices=prices, hop_s=hop_ms / 1000,
+                            overhead_s=overhead_ms / 1000, seed=seed, min_partitions=topology.spec.partitions,
+                            headroom=headroom, log=log, counts=counts)
+    return build_plan(topology, options, config, result, arrivals, slo_ms, hop_ms=hop_ms, overhead_ms=overhead_ms,
+                      prices=prices, headroom=headroom)
+
+
+def default_prices() -> dict[str, float]:
+    return {k: h.price_per_hour for k, h in hw.HARDWARE.items()}
+
+
+def priced_options(topology: Topology, prices: dict[str, float]) -> list[StageOptions]:
+    """:func:`stage_options` on the priced hardware kinds only (a node on none of them is refused)."""
     options = stage_options(topology)
     for o in options:
         o.tables = {k: t for k, t in o.tables.items() if k in prices}
         if not o.tables:
             raise FlowserveError(f"node '{o.id}' runs on none of the hardware kinds priced ({', '.join(prices)})")
-    config, result = search(options, arrivals, slo_ms / 1000, prices=prices, hop_s=hop_ms / 1000,
-                            overhead_s=overhead_ms / 1000, seed=seed, min_partitions=topology.spec.partitions,
-                            headroom=headroom, log=log, counts=counts)
+    return options
+
+
+def build_plan(topology: Topology, options: Sequence[StageOptions], config: dict[str, StageConfig],
+               result: SimResult, arrivals: np.ndarray, slo_ms: float, *, hop_ms: float, overhead_ms: float,
+               prices: dict[str, float], headroom: float, fuse: dict[str, list[str]] | None = None,
+               fusion: dict[str, Any] | None = None) -> Plan:
+    """The plan of a configuration the search found (``options``: the stages it planned, chains fused)."""
     partitions = partitions_for(config, topology.spec.partitions, headroom)
     predicted = {"p50_ms": result.percentile(50) * 1000, "p99_ms": result.percentile(99) * 1000,
                  "attainment": result.attainment(slo_ms / 1000), "cost_per_hour": cost(config, prices),
@@ -395,7 +401,7 @@ def make_plan(topology: Topology, arrivals: np.ndarray, slo_ms: float, *, hop_ms
     # InferLine starts the envelope's windows at the system's service time: here the slowest stage's batch
     service = max(batch_time(o.tables[config[o.id].hardware], config[o.id].max_batch) for o in options)
     return Plan(topology.name, slo_ms, partitions, hop_ms, config, predicted, overhead_ms,
-                planned_envelope(arrivals, service + overhead_ms / 1000))
+                planned_envelope(arrivals, service + overhead_ms / 1000), dict(fuse or {}), dict(fusion or {}))
 
 
 def planned_envelope(arrivals: np.ndarray, shortest_s: float) -> list[tuple[float, int]]:

@@ -11,7 +11,7 @@ import pytest
 
 from flowserve.bench import keda as bench_keda
 from flowserve.bench.keda import PRESETS, KedaAutoscaler, autoscalers, preset
-from flowserve.bench.tuner import tuner_targets
+from flowserve.bench.tuner_report import tuner_targets
 from flowserve.deploy import keda as deploy_keda
 from flowserve.deploy.keda import DEFAULT_LAG_THRESHOLD, lag_threshold, lag_thresholds, path_stages, slo_shares
 from flowserve.errors import FlowserveError
@@ -165,3 +165,12 @@ def test_targets_pass_a_good_run_and_fail_a_bad_one() -> None:
     assert late["tuner_cost_le_0.6x_static_on_step_and_diurnal"] is False
     sims = [{"pipeline": "a", "p99_ratio": 1.1}, {"pipeline": "b", "error": "no plan"}]
     assert tuner_targets([], sims) == {"simulator_p99_within_15pct_of_live": False}
+
+
+def test_a_simulated_twin_far_from_its_live_run_fails_fidelity() -> None:
+    rows = _rows({"static": 50, "keda": 100, "tuner": 5})
+    tuner = next(r for r in rows if r["contender"] == "tuner")
+    tuner.update(sim_attainment=tuner["attainment"] - 0.01, sim_cost_dollars=tuner["cost_dollars"] * 1.1)
+    assert tuner_targets(rows, [])["simulated_tuned_runs_within_2pts_and_15pct_cost"]
+    tuner.update(sim_cost_dollars=tuner["cost_dollars"] * 1.2)  # 20% off the live cost
+    assert not tuner_targets(rows, [])["simulated_tuned_runs_within_2pts_and_15pct_cost"]

@@ -31,7 +31,7 @@ from flowserve.runtime.host import create_topology_topics
 from flowserve.topology import Topology, load_topology
 from flowserve.topology.names import deployment_name
 from flowserve.tuning.plan import Plan, StageConfig, apply_plan, save_plan
-from flowserve.tuning.tuner import KubernetesScaler
+from flowserve.tuning.scalers import KubernetesScaler
 
 pytestmark = pytest.mark.external  # kube-apiserver built from the Kubernetes sources, etcd, kubectl
 
