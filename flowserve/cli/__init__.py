@@ -458,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flowserve.cli.learning import register as learning_commands
 
     learning_commands(sub)  # learn, shadow, versions, promote, rollback
+    from flowserve.cli.importing import register as import_commands
+
+    import_commands(sub)  # import: topologies from an MLServer or Triton model repository
 
     from flowserve.cli.measure import cmd_profile, cmd_stats
 
