@@ -312,8 +312,11 @@ def register_tune(sub: Any) -> None:
     p.add_argument("topology")
     p.add_argument("--plan", required=True)
     p.add_argument("--broker", required=True)
-    p.add_argument("--hold-s", type=float, default=30.0, help="stay below this long before scaling down")
-    p.add_argument("--hysteresis", type=float, default=0.25, help="scale down only below (1 - h) of the need")
+    p.add_argument("--hold-s", type=float, default=30.0,
+                   help="stay below this long before scaling down (doubled, up to 300 s, while scale-downs are "
+                        "undone soon after)")
+    p.add_argument("--hysteresis", type=float, default=0.1,
+                   help="scale down only below (1 - h) of the need (0.1: the Kubernetes HPA's tolerance)")
     p.add_argument("--horizon-s", type=float, default=60.0, help="longest envelope window (seconds of history)")
     p.add_argument("--rule", choices=RULES, default=RULES[0],
                    help="size stages on the live rate against one consumer's simulated safe rate (profile), on "

@@ -10,7 +10,11 @@ Then:
 
 - more consumers than running: **scale up at once** to the need, then leave the
   stage alone for ``settle_s`` while its group rebalances;
-- fewer, with the envelope inflated by ``hysteresis``, for ``hold_s`` on end: **scale down** to that;
+- fewer, with the need inflated by ``hysteresis``, for ``hold_s`` on end: **scale down** to the most the
+  stage needed over its hold (the HPA's scale-down stabilisation); a stage scaled up again within four
+  holds of a scale-down doubles its hold, up to ``MAX_HOLD_S`` (a workload that switches between rates
+  keeps its high-rate consumers instead of paying a start delay at every switch), and one scaled up
+  later halves it back;
 - never beyond the topology's partitions (consumers past them would sit idle), never below one; given a
   :class:`~flowserve.tuning.partitions.PartitionGrowth` (``flowserve tune --max-partitions``, Apache
   Kafka), a stage that needs more consumers than there are partitions first grows every topic of the
@@ -57,6 +61,11 @@ from flowserve.tuning.simulate import batch_time
 
 log = logging.getLogger("flowserve.tuner")
 
+#: a scale-up within this many hold times of a scale-down doubles the stage's hold (the adaptive hold)
+REGRET_FACTOR = 4.0
+#: the longest hold: KEDA's HPA default stabilisation window
+MAX_HOLD_S = 300.0
+
 
 @dataclass(frozen=True)
 class Action:
@@ -73,7 +82,9 @@ class Controller:
 
     targets: list[StageTarget]
     hold_s: float = 30.0
-    hysteresis: float = 0.25
+    #: scale down only below (1 - h) of the need: the HPA's tolerance (its --horizontal-pod-autoscaler-tolerance
+    #: default 0.1); 0.25 kept a stage on 20 partitions at 10 consumers where 7 serve (tuner-simulated, mmpp)
+    hysteresis: float = 0.1
     horizon_s: float = 60.0
     #: after an action on a stage, leave it alone this long: its group is rebalancing, and the envelope
     #: it sees meanwhile holds the backlog the pause built, not new traffic
@@ -83,8 +94,10 @@ class Controller:
     #: the plan's envelope (window, most arrivals): the relative rule scales against it
     planned: list[tuple[float, int]] = field(default_factory=list)
     _arrivals: deque[float] = field(default_factory=deque)
-    _below_since: dict[str, float] = field(default_factory=dict)
     _last_action: dict[str, float] = field(default_factory=dict)
+    _last_down: dict[str, float] = field(default_factory=dict)
+    _hold: dict[str, float] = field(default_factory=dict)
+    _downs: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
 
     def observe(self, times_s: Sequence[float] | np.ndarray) -> None:
         self._arrivals.extend(float(t) for t in times_s)
@@ -129,22 +142,44 @@ class Controller:
             if settling and not (up > have and self.rule == "profile"):
                 continue
             if up > have:
-                self._below_since.pop(t.id, None)
+                self._downs.pop(t.id, None)
+                self._regret(t.id, now)
                 self._last_action[t.id] = now
                 # to the need at once: every step costs a rebalance, and a pod's start delay is paid per step
                 # (doubling steps left the spike trace's backlog to grow for two start delays: tuner-simulated)
                 actions.append(Action(t.id, have, up, now, why))
                 continue
-            down, why_down = need(scale=1.0 + self.hysteresis)
-            if down >= have:
-                self._below_since.pop(t.id, None)
-                continue
-            since = self._below_since.setdefault(t.id, now)
-            if now - since >= self.hold_s:
-                self._below_since.pop(t.id, None)
+            # down on the arrivals alone: a lag is drained by then, and its need would hold the stage up
+            down, why_down = (need if self.rule != "profile" else self._rule(now, t, excess, 0))(
+                scale=1.0 + self.hysteresis)
+            target, span = self._stabilised(t.id, now, down)
+            if target < have and span >= self._hold.get(t.id, self.hold_s):
+                self._downs.pop(t.id, None)
                 self._last_action[t.id] = now
-                actions.append(Action(t.id, have, down, now, f"below for {now - since:.0f} s: {why_down}"))
+                self._last_down[t.id] = now
+                actions.append(Action(t.id, have, target, now, f"below for {span:.0f} s: {why_down}"))
         return actions
+
+    def _stabilised(self, stage: str, now: float, down: int) -> tuple[int, float]:
+        """The most consumers the stage needed (inflated by the hysteresis) over its hold, and the seconds
+        of need that covers (since its last action at most): the HPA's scale-down stabilisation, over a
+        window that adapts (:meth:`_regret`)."""
+        needs = self._downs.setdefault(stage, deque())
+        needs.append((now, down))
+        hold = self._hold.get(stage, self.hold_s)
+        while needs and needs[0][0] < now - hold:
+            needs.popleft()
+        return max(c for _, c in needs), now - needs[0][0]
+
+    def _regret(self, stage: str, now: float) -> None:
+        """A scale-up soon after a scale-down: that scale-down cost a start delay and a rebalance for little,
+        so the next one waits twice as long (up to ``MAX_HOLD_S``); a scale-up long after one halves it back.
+        Each scale-down counts once (the steps of one scale-up do not double it again)."""
+        if stage not in self._last_down:
+            return
+        hold = self._hold.get(stage, self.hold_s)
+        since = now - self._last_down.pop(stage)
+        self._hold[stage] = min(MAX_HOLD_S, 2 * hold) if since < REGRET_FACTOR * hold else max(self.hold_s, hold / 2)
 
     def _rule(self, now: float, t: StageTarget, excess: tuple[float, str] | None,
               lag: int) -> Callable[..., tuple[int, str]]:
@@ -272,7 +307,7 @@ async def apply_growth(growth: PartitionGrowth, action: Action, scaler: Scaler,
 
 
 async def tune(topology: Topology, plan: Plan, kafka: KafkaSettings, scaler: Scaler, *, stop: asyncio.Event,
-               hold_s: float = 30.0, hysteresis: float = 0.25, horizon_s: float = 60.0, interval_s: float = 1.0,
+               hold_s: float = 30.0, hysteresis: float = 0.1, horizon_s: float = 60.0, interval_s: float = 1.0,
                settle_s: float = 5.0, rule: str = "profile", max_partitions: int | None = None,
                on_action: Callable[[Action], None] | None = None) -> list[Action]:
     """Tail the topology's inputs topic and resize its stages through ``scaler`` until ``stop`` is set;

@@ -58,3 +58,28 @@ def test_a_profiled_stage_keeps_scaling_up_while_it_settles() -> None:
     assert second.after > first.after
     # a smaller one does not (nor a scale-down) until the stage has settled
     assert ctl.decide(13.0, {"m": second.after}) == []
+
+
+def test_a_scale_down_undone_soon_after_doubles_the_hold() -> None:
+    target = StageTarget("m", batch=8, batch_s=0.012, slo_share_s=0.05, max_consumers=20, safe_rate=100.0)
+    ctl = Controller([target], hold_s=10, horizon_s=2, settle_s=1)
+    have, downs = 1, []
+
+    def run(rate: float, start: int, end: int) -> None:
+        nonlocal have
+        for now in range(start, end):
+            ctl.observe([now + i / rate for i in range(int(rate))])
+            for action in ctl.decide(float(now + 1), {"m": have}):
+                if action.after < have:
+                    downs.append(now + 1)
+                have = action.after
+
+    # high, low, high again soon after the scale-down: the next scale-down waits twice the hold
+    run(400, 0, 20)
+    run(50, 20, 50)
+    first = min(d for d in downs if d > 20)
+    run(400, 50, 60)
+    run(50, 60, 120)
+    again = min(d for d in downs if d > 60)
+    assert first - 20 <= 10 + 2 + 1 and again - 60 >= 2 * 10
+    assert have == 1
