@@ -30,10 +30,11 @@ from typing import Any, ClassVar
 import numpy as np
 import onnx
 from onnx import TensorProto
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flowserve.component import Batch, Component, Port
 from flowserve.errors import ComponentError
+from flowserve_components.model_files import entry_point
 
 #: ONNX element type -> V2 datatype; a type absent here (complex, float8, bfloat16) cannot be served.
 ELEMENT_TYPES: dict[int, str] = {
@@ -63,13 +64,21 @@ _PICKLE_MAGIC, _ZIP_MAGIC = b"\x80", b"PK\x03\x04"
 class OnnxParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = Field(description="path of the .onnx file (relative: to the working directory)")
+    model: str | None = Field(None, description="path of the .onnx file (relative: to the working directory)")
+    model_from: str | None = Field(None, description="'module:function' returning the .onnx file's path, creating "
+                                   "it when missing (e.g. training into a cache); called when the topology loads")
     providers: list[str] | None = Field(None, description="ONNX Runtime execution providers in order of "
                                         "preference; default CUDA where present, then CPU")
     names: dict[str, str] = Field(default_factory=dict, description="graph input/output name -> port name, "
                                   "for graph names that are not valid port names")
     threads: int = Field(1, ge=1, le=256, description="intra-op threads per worker (CPU provider)")
     max_batch: int | None = Field(None, gt=0, le=65536, description="largest batch in requests")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> OnnxParams:
+        if (self.model is None) == (self.model_from is None):
+            raise ValueError("give either 'model' (a path) or 'model_from' (a function returning one)")
+        return self
 
 
 def _fail(path: Path, why: str) -> ComponentError:
@@ -167,7 +176,16 @@ class OnnxModel(Component):
         super().__init__(params, node=node)
         if self.params.max_batch is not None:
             self.max_batch = self.params.max_batch  # type: ignore[misc]
-        self.path = Path(self.params.model)
+        path = self.params.model
+        if path is None:
+            try:
+                path = str(entry_point(self.params.model_from or "", "model_from")())
+            except ComponentError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - user code: say what it raised
+                raise ComponentError(f"model_from '{self.params.model_from}' failed: {type(exc).__name__}: {exc}"
+                                     ) from None
+        self.path = Path(path)
         ins, outs = graph_ports(self.path, read_graph(self.path), self.params.names)
         # Instance attributes shadow the class-level declarations; the graph reads them from the instance.
         self.inputs = ins  # type: ignore[misc]
@@ -219,7 +237,7 @@ class OnnxModel(Component):
         return {port: _from_onnx(array) for port, array in zip(self.outputs, results, strict=True)}
 
     def describe(self) -> str:
-        parts = [f"model={self.params.model}"]
+        parts = [f"model={self.path}"]
         if self.weights_hash:
             parts.append(f"weights=sha256:{self.weights_hash}")
         return f"{super().describe()}({', '.join(parts)})"
