@@ -4,11 +4,13 @@ A produce can fail for a while with nothing wrong in the worker: a partition's l
 replaced, and aiokafka gives up handing a batch over after ``request_timeout_ms`` (``KafkaTimeoutError``
 from ``send_batch`` while an earlier batch of that partition is stuck), or the worker stops waiting for a
 batch's acknowledgements after as long (aiokafka would retry an idempotent batch without end, and the
-worker's step, and so its group membership, would wait with it). Raising would end the worker (and,
-under ``InlineHost``, its node). Instead the worker drops whatever is not yet acknowledged, seeks each
-partition back to the first record whose outputs the broker has not acknowledged, waits a little longer
-each time it fails again, and reads on from there. Outputs that were in fact written meanwhile are written
-again: at-least-once, and readers deduplicate by request id.
+worker's step, and so its group membership, would wait with it). On librdkafka
+(:mod:`flowserve.kafka.librdkafka`) a record not delivered within ``message.timeout.ms`` (set to the same
+``request_timeout_ms``) is reported failed and arrives here as ``KafkaTimeoutError`` too. Raising would end
+the worker (and, under ``InlineHost``, its node). Instead the worker drops whatever is not yet acknowledged,
+seeks each partition back to the first record whose outputs the broker has not acknowledged, waits a little
+longer each time it fails again, and reads on from there. Outputs that were in fact written meanwhile are
+written again: at-least-once, and readers deduplicate by request id.
 
 A node whose component keeps state (``Component.keeps_state``) is not rewound: re-reading would feed its
 state the same requests twice. It raises as before, and its supervisor restarts it, which rebuilds the

@@ -22,8 +22,7 @@ from aiokafka.errors import IllegalStateError, KafkaError, KafkaTimeoutError
 
 from flowserve.component import Batch, Component, read_result
 from flowserve.errors import ErrorKind, Failure, FlowserveError, WireError
-from flowserve.kafka.clients import make_consumer, make_producer, start_client
-from flowserve.kafka.outbox import Outbox
+from flowserve.kafka.clients import make_data_plane, start_client
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.kafka.shutdown import bounded, stop_client
 from flowserve.runtime.batching import BatchPolicy, describe, make_policy
@@ -146,11 +145,10 @@ class StageWorker(Emitter):
         #: where to re-read from when a produce fails (flowserve.runtime.rewind)
         self._resume = ResumePoints()
         self._backoff = Backoff()
-        self.consumer = make_consumer(kafka, self.settings, group_id=topology.group_id(node_id),
-                                      max_message_bytes=self.max_bytes, client_id=f"fs-{node_id}")
-        self.producer = make_producer(kafka, self.settings, max_message_bytes=self.max_bytes,
-                                      client_id=f"fs-{node_id}")
-        self.outbox = Outbox(self.producer)
+        # librdkafka or aiokafka (WorkerSettings.client): the same interface, aiokafka's error classes
+        self.consumer, self.producer, self.outbox = make_data_plane(
+            kafka, self.settings, group_id=topology.group_id(node_id), max_message_bytes=self.max_bytes,
+            client_id=f"fs-{node_id}")
         self.commits = Commits(self.consumer, self.settings.commit_interval_ms, node_id, self.counters)
         #: features attached to this node's batches (capture, ...): see flowserve.runtime.hooks
         self.hooks = tuple(hooks(topology, self.node, self.component))
