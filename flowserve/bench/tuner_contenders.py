@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flowserve.bench.keda import PRESETS, KedaAutoscaler, autoscalers
+from flowserve.runtime import hardware as hw
 from flowserve.topology.graph import Topology
 from flowserve.tuning.cluster import PAUSE_S, Cluster, Replicas, replicas_for
 from flowserve.tuning.curves import TokenBucket, family, windows
 from flowserve.tuning.plan import Bounds, Plan, StageConfig, StageOptions, sim_stages
-from flowserve.tuning.simulate import SimStage, simulate
+from flowserve.tuning.simulate import SimResult, SimStage, simulate
 from flowserve.tuning.tuner import Action, Controller, targets_from_plan
 
 CONTENDERS = ("static", "keda", "keda-tuned", "tuner", "tuner-bound", "tuner-relative", "oracle")
@@ -197,28 +198,49 @@ def oracle_counts(options: Sequence[StageOptions], trace: np.ndarray, plan: Plan
                   seconds: float, percentile: float = 99.0) -> list[dict[str, int]]:
     """Per window, the fewest consumers per stage (the plan's hardware and batches) whose simulation of
     the window's arrivals alone meets the SLO: from the network-calculus lower bounds up, growing the
-    stage that queues most by a quarter until it does (the planner's feasible start)."""
+    stage that queues most by a quarter until it does (the planner's feasible start); then the plan's own
+    counts where they meet it for less (a greedy growth can overshoot: on a bursty trace it cost more than
+    static), and each stage, priciest first, trimmed while the window still meets the SLO."""
+    price = {k: hw.HARDWARE[c.hardware].price_per_hour for k, c in plan.stages.items()}
     out = []
     for start in np.arange(0.0, seconds, cfg.window_s):
         part = trace[(trace >= start) & (trace < start + cfg.window_s)] - start
         if part.size < 2:
             out.append({k: 1 for k in plan.stages})
             continue
+
+        def run(counts: dict[str, int], part: np.ndarray = part) -> SimResult:
+            config = {k: StageConfig(c.hardware, c.max_batch, counts[k]) for k, c in plan.stages.items()}
+            return simulate(sim_stages(options, config), part, partitions=plan.partitions, hop_s=cfg.hop_s,
+                            jitter=cfg.jitter, seed=cfg.seed, overhead_s=cfg.overhead_s)
+
+        def meets(counts: dict[str, int]) -> bool:
+            return run(counts).percentile(percentile) <= cfg.slo_s
+
         bounds = Bounds(options, part, cfg.slo_s, percentile=percentile, hop_s=cfg.hop_s,
                         overhead_s=cfg.overhead_s, jitter=cfg.jitter, seed=cfg.seed)
         counts = {k: min(plan.partitions, max(1, bounds.fewest(k, c.hardware, c.max_batch)))
                   for k, c in plan.stages.items()}
         while True:
-            config = {k: StageConfig(c.hardware, c.max_batch, counts[k]) for k, c in plan.stages.items()}
-            result = simulate(sim_stages(options, config), part, partitions=plan.partitions, hop_s=cfg.hop_s,
-                              jitter=cfg.jitter, seed=cfg.seed, overhead_s=cfg.overhead_s)
+            result = run(counts)
             growable = [k for k in counts if counts[k] < plan.partitions]
             if result.percentile(percentile) <= cfg.slo_s or not growable:
                 break
             busiest = max(growable, key=lambda k: result.stages[k].utilisation + result.stages[k].mean_wait_s)
             counts[busiest] = min(plan.partitions, counts[busiest] + max(1, counts[busiest] // 4))
+        planned = {k: c.consumers for k, c in plan.stages.items()}
+        feasible = result.percentile(percentile) <= cfg.slo_s
+        if (not feasible or _cost(planned, price) < _cost(counts, price)) and meets(planned):
+            counts, feasible = dict(planned), True
+        for k in sorted(counts, key=lambda k: -price[k]) if feasible else ():
+            while counts[k] > 1 and meets({**counts, k: counts[k] - 1}):
+                counts[k] -= 1
         out.append(counts)
     return out
+
+
+def _cost(counts: dict[str, int], price: dict[str, float]) -> float:
+    return sum(counts[k] * price[k] for k in counts)
 
 
 def run_oracle(options: Sequence[StageOptions], trace: np.ndarray, plan: Plan, cfg: SimSettings,
