@@ -45,8 +45,9 @@ from flowserve.tuning.traces import SCALE_KINDS, Trace, at_scale, generate, load
 ROOT = Path(__file__).resolve().parents[2] / "topologies"
 PIPELINES = {"image-processing": 250.0, "cascade-emulated": 250.0, "social-media": 400.0,
              "video-monitoring": 300.0}
-#: the default run: one pipeline, the four traces, an hour each at a 2,000 req/s peak (~10 minutes here)
-DEFAULT_PIPELINES = ("image-processing",)
+#: the default run: the four pipelines x the four traces, an hour each at a 2,000 req/s peak (~40 minutes here;
+#: ``--pipelines image-processing`` for one, ~10)
+DEFAULT_PIPELINES = tuple(PIPELINES)
 TUNER = "tuner"
 
 
