@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from flowserve.capture.reader import Decoded, Reader
+from flowserve.capture.reader import Decoded, Reader, tensor_json
 from flowserve.capture.redact import H_REDACT, LABELS, parse_header
 from flowserve.errors import FlowserveError
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology import names
+from flowserve.topology.spec import load_spec
 
 SPECIAL = (names.INPUTS, names.OUTPUTS, names.DEADLETTER, names.LINEAGE, names.ACTIONS, "drift")
 #: topics of a topology that are not edges: skipped by ``inspect TOPOLOGY`` (name them to read them).
@@ -32,8 +33,6 @@ _FIRST = 6
 def resolve_base(topology: str, prefix: str = "fs") -> str:
     """``<prefix>.<name>`` of a topology given by name or by YAML file."""
     if topology.endswith((".yaml", ".yml")) or Path(topology).is_file():
-        from flowserve.topology.spec import load_spec
-
         spec = load_spec(topology)
         return names.base(spec.prefix, spec.name)
     return names.base(prefix, topology)
@@ -80,32 +79,6 @@ async def inspect_records(kafka: KafkaSettings, target: str, *, request_id: str 
     async with Reader(kafka, timeout_s=timeout_s) as reader:
         topics = await target_topics(reader, target, prefix)
         return await reader.read(topics, key=request_id, last=last)
-
-
-def tensor_json(array: np.ndarray, *, full: bool = True) -> dict[str, Any]:
-    from flowserve.wire.tensors import datatype_of
-
-    out: dict[str, Any] = {"datatype": datatype_of(array), "shape": list(array.shape)}
-    out.update(_stats(array))
-    if full:
-        if array.dtype.kind in "OSU":
-            out["data"] = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array.ravel()]
-        else:
-            out["data"] = array.ravel().tolist()
-    return out
-
-
-def _stats(array: np.ndarray) -> dict[str, Any]:
-    if array.size == 0 or array.dtype.kind not in "biuf":
-        return {}
-    values = array.astype(np.float64, copy=False)
-    finite = values[np.isfinite(values)]
-    if finite.size == 0:
-        return {"nan": int(np.isnan(values).sum())}
-    out: dict[str, Any] = {"min": float(finite.min()), "max": float(finite.max()), "mean": float(finite.mean())}
-    if finite.size != values.size:
-        out["nonfinite"] = int(values.size - finite.size)
-    return out
 
 
 def summarize(name: str, array: np.ndarray) -> str:

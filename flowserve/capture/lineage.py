@@ -19,8 +19,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowserve.capture.inspect import resolve_base, summarize, tensor_json
-from flowserve.capture.reader import Decoded, Reader
+from flowserve.capture.inspect import resolve_base, summarize
+from flowserve.capture.reader import Decoded, Reader, tensor_json
 from flowserve.errors import ErrorKind, FlowserveError
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology import names

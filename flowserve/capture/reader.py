@@ -16,8 +16,9 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from flowserve.errors import BrokerError, WireError
+from flowserve.kafka.admin import describe_partitions
 from flowserve.kafka.settings import KafkaSettings
-from flowserve.wire.tensors import decode_tensors
+from flowserve.wire.tensors import datatype_of, decode_tensors
 from flowserve.wire.v2 import parse_request
 
 _FETCH_BYTES = 64 * 1_048_576
@@ -39,8 +40,6 @@ class Decoded:
     size: int = 0
 
     def to_dict(self, *, full: bool = True) -> dict[str, Any]:
-        from flowserve.capture.inspect import tensor_json
-
         out: dict[str, Any] = {"topic": self.topic, "partition": self.partition, "offset": self.offset,
                                "timestamp_ms": self.timestamp_ms, "key": self.key, "headers": self.headers,
                                "size": self.size}
@@ -51,6 +50,31 @@ class Decoded:
         if self.error is not None:
             out["error"] = self.error
         return out
+
+
+def tensor_json(array: np.ndarray, *, full: bool = True) -> dict[str, Any]:
+    """A tensor as JSON: datatype, shape, min/max/mean of numbers, and (``full``) its values."""
+    out: dict[str, Any] = {"datatype": datatype_of(array), "shape": list(array.shape)}
+    out.update(_stats(array))
+    if full:
+        if array.dtype.kind in "OSU":
+            out["data"] = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array.ravel()]
+        else:
+            out["data"] = array.ravel().tolist()
+    return out
+
+
+def _stats(array: np.ndarray) -> dict[str, Any]:
+    if array.size == 0 or array.dtype.kind not in "biuf":
+        return {}
+    values = array.astype(np.float64, copy=False)
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return {"nan": int(np.isnan(values).sum())}
+    out: dict[str, Any] = {"min": float(finite.min()), "max": float(finite.max()), "mean": float(finite.mean())}
+    if finite.size != values.size:
+        out["nonfinite"] = int(values.size - finite.size)
+    return out
 
 
 def decode(rec: Any) -> Decoded:
@@ -104,8 +128,6 @@ class Reader:
         return sorted(t for t in await self._consumer.topics() if t.startswith(prefix))
 
     async def _partitions(self, topics: Iterable[str]) -> list[TopicPartition]:
-        from flowserve.kafka.admin import describe_partitions
-
         wanted = list(dict.fromkeys(topics))
         if not wanted:
             return []

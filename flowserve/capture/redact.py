@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from flowserve.errors import SettingsError
-from flowserve.topology.capture import KeySource, Redaction, redactions
-from flowserve.topology.spec import TopologySpec
+from flowserve.topology.capture import redactions
+from flowserve.topology.spec import KeySource, Redaction, TopologySpec
 from flowserve.wire.tensors import DATATYPES, as_bytes_array, datatype_of, encode_tensors
 
 #: header of a capture record whose port was redacted: ``<port>=drop`` or ``<port>=hmac-sha256``.

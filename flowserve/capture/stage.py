@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flowserve.capture.redact import node_redactors
-from flowserve.capture.tracing import new_span_ids, new_trace_id, parse_traceparent
+from flowserve.capture.tracing import StageSpans, new_span_ids, new_trace_id, parse_traceparent
+from flowserve.capture.tracing import flush as flush_spans
 from flowserve.component import Component
 from flowserve.runtime.hooks import BatchOutcome, StageContext, StageHooks
 from flowserve.topology.capture import node_policy
@@ -146,15 +147,11 @@ class StageCapture(StageHooks):
         self._emit = stage.emit
         self._reply_topic = stage.reply_topic
         if self.policy.active and self.policy.tracing:
-            from flowserve.capture.tracing import StageSpans
-
             self._spans = StageSpans(self.node.id, self.topology.name)
 
     def close(self) -> None:
         if self._spans is not None:
-            from flowserve.capture.tracing import flush
-
-            flush()
+            flush_spans()
 
     def _ident(self) -> dict[str, Any]:
         # Built on first use: weights hashes are known only after setup().

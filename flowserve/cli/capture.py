@@ -1,15 +1,12 @@
-"""The ``inspect``, ``lineage`` and ``drift`` subcommands (registered by :mod:`flowserve.cli`)."""
+"""The ``inspect``, ``lineage`` and ``drift`` subcommands. Each reader is imported when its command runs:
+the readers bring aiokafka."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-
-def _kafka(bootstrap: str) -> Any:
-    from flowserve.kafka.settings import KafkaSettings
-
-    return KafkaSettings.from_env(bootstrap)
+from flowserve.cli.common import kafka as _kafka
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

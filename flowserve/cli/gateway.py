@@ -1,4 +1,7 @@
-"""``flowserve gateway`` and ``flowserve run --gateway-port``: serve topologies over HTTP until a signal."""
+"""``flowserve gateway`` and ``flowserve run --gateway-port``: serve topologies over HTTP until a signal.
+
+``--processes N`` hands over to :mod:`flowserve.gateway.group`, which starts N of this command on one port.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +12,15 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from flowserve.console import make_console
+from flowserve.cli.common import console
+from flowserve.gateway.group import run_group
 from flowserve.gateway.settings import GatewaySettings
 from flowserve.kafka.settings import KafkaSettings
+from flowserve.topology import Topology, load_topology
 
-console = make_console(stderr=True)
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def register(sub: Any) -> None:
+    p = sub.add_parser("gateway", help="serve topologies over HTTP (Open Inference Protocol V2), request-reply")
     p.add_argument("topology", nargs="+", help="topology files; each is served as a model named after it")
     p.add_argument("--broker", required=True, help="bootstrap host:port of the Kafka the topologies run on")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
@@ -29,11 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reuse-port", action="store_true",
                    help="share the port with other gateway processes (SO_REUSEPORT; --processes sets this itself)")
     p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_gateway)
 
 
-def serve_blocking(topologies: Sequence[Any], kafka: KafkaSettings, settings: GatewaySettings) -> int:
+def serve_blocking(topologies: Sequence[Topology], kafka: KafkaSettings, settings: GatewaySettings) -> int:
     """Run a gateway in this thread until SIGINT/SIGTERM."""
-    from flowserve.gateway.app import Gateway
+    from flowserve.gateway.app import Gateway  # the HTTP server and aiokafka: not for --help
+    from flowserve.runtime.eventloop import run
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -47,22 +53,17 @@ def serve_blocking(topologies: Sequence[Any], kafka: KafkaSettings, settings: Ga
             print(gateway.url, flush=True)
             await stop.wait()
 
-    from flowserve.runtime.eventloop import run
-
     run(main(), settings.event_loop)
     return 0
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    from flowserve.topology import load_topology
-
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     topologies = [load_topology(p) for p in args.topology]
     settings = GatewaySettings.from_env(args.token_file, host=args.host, port=args.port,
                                         max_inflight=args.max_inflight, reuse_port=args.reuse_port or None)
     if args.processes > 1:
-        from flowserve.cli.gateway_group import run_group
-
-        return run_group(args, settings)
+        return run_group(args.topology, args.broker, settings, args.processes, token_file=args.token_file,
+                         max_inflight=args.max_inflight, verbose=args.verbose)
     return serve_blocking(topologies, KafkaSettings.from_env(args.broker), settings)

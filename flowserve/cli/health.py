@@ -11,24 +11,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import Any
 
-from flowserve.console import make_console
+from flowserve.cli.common import console
+from flowserve.kafka.settings import KafkaSettings
+from flowserve.topology import load_topology
 
-console = make_console(stderr=True)
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def register(sub: Any) -> None:
+    p = sub.add_parser("health", help="probe a topology's stages (exit 0 live/ready, 1 not): for container platforms")
     p.add_argument("topology")
     p.add_argument("--broker", required=True)
     p.add_argument("--node", action="append", help="check only this stage (repeatable; default: every stage)")
     p.add_argument("--live", action="store_true", help="liveness: a member in the group suffices (default: "
                                                        "readiness, the group consumes)")
+    p.set_defaults(func=cmd_health)
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    from flowserve.gateway.health import ReadinessProbe
-    from flowserve.kafka.settings import KafkaSettings
-    from flowserve.topology import load_topology
+    from flowserve.gateway.health import ReadinessProbe  # aiokafka's admin client
 
     topology = load_topology(args.topology)
     nodes = args.node or list(topology.nodes)

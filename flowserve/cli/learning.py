@@ -14,15 +14,14 @@ from rich.table import Table
 
 from flowserve.console import make_console
 from flowserve.errors import FlowserveError
+from flowserve.kafka.settings import KafkaSettings
+from flowserve.topology import load_topology, names
 
 console = make_console(stderr=True)
 out = make_console()
 
 
 def _setup(args: argparse.Namespace) -> tuple[Any, Any]:
-    from flowserve.kafka.settings import KafkaSettings
-    from flowserve.topology import load_topology
-
     topology = load_topology(args.topology)
     if args.node not in topology.nodes:
         raise FlowserveError(f"topology '{topology.name}' has no node '{args.node}' "
@@ -80,7 +79,6 @@ async def follow_drift(topology: Any, node: str, kafka: Any, *, last: int | None
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from flowserve.kafka.admin import describe_partitions, ensure_topics
-    from flowserve.topology import names
 
     topic = names.side_topic(topology.base, "drift")
     await ensure_topics(kafka, [topic], topology.spec.partitions)

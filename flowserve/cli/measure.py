@@ -1,4 +1,4 @@
-"""The ``flowserve profile`` and ``flowserve stats`` commands (registered in flowserve.cli)."""
+"""``flowserve profile`` (each node's execution time per batch size) and ``flowserve stats`` (workers' metrics)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,33 @@ from typing import Any
 
 from rich.table import Table
 
-from flowserve.console import make_console
+from flowserve.cli.common import console as err
+from flowserve.cli.common import out
+from flowserve.kafka.settings import KafkaSettings
+from flowserve.topology import load_topology
+from flowserve.tuning.profile import profile_topology
 
-out = make_console()
 #: a worker whose latest snapshot is older than this (workers publish every 2 s) no longer counts as live
 LIVE_AGE_S = 10.0
-err = make_console(stderr=True)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("profile", help="measure each node's execution time per batch size (saved beside the topology)")
+    p.add_argument("topology")
+    p.add_argument("node", nargs="?", help="only this node (default: every node)")
+    p.add_argument("--max-batch", type=int, help="largest batch size to profile (default: the node's max_batch)")
+    p.add_argument("--repeats", type=int, default=30, help="timed calls per batch size")
+    p.add_argument("--out", help="profile file (default: <topology>.profile.json beside the topology)")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("stats", help="latest metrics snapshot of every worker of a topology")
+    p.add_argument("topology")
+    p.add_argument("--broker", required=True)
+    p.add_argument("--json", action="store_true", help="print the snapshots as JSON")
+    p.set_defaults(func=cmd_stats)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from flowserve.tuning.profile import profile_topology
-
     with err.status("profiling (calling process directly at batch sizes 1, 2, 4, ...)…"):
         path, results = profile_topology(args.topology, args.node, max_batch=args.max_batch,
                                          repeats=args.repeats, out=args.out)
@@ -38,9 +54,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from flowserve.kafka.settings import KafkaSettings
-    from flowserve.runtime.metrics import read_snapshots, snapshot_rows
-    from flowserve.topology import load_topology
+    from flowserve.runtime.metrics import read_snapshots, snapshot_rows  # the snapshot reader
+
 
     topology = load_topology(args.topology)
     snaps = asyncio.run(read_snapshots(topology, KafkaSettings.from_env(args.broker)))

@@ -7,11 +7,10 @@ import json
 from typing import Any
 
 from flowserve.errors import FlowserveError
+from flowserve.topology import load_topology
 
 
 def cmd_parity_train(args: argparse.Namespace) -> int:
-    from flowserve.topology import load_topology
-
     topology = load_topology(args.topology)
     node = topology.spec.nodes.get(args.node)
     if node is None:

@@ -5,12 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
+import time
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
 from flowserve.console import make_console
 from flowserve.errors import FlowserveError
+from flowserve.kafka.settings import KafkaSettings
+from flowserve.topology import load_topology
+from flowserve.tuning import curves
 from flowserve.tuning.rules import RULES
 
 out = make_console()
@@ -29,8 +35,6 @@ def cmd_trace_generate(args: argparse.Namespace) -> int:
 
 def cmd_trace_record(args: argparse.Namespace) -> int:
     from flowserve.capture.reader import Reader
-    from flowserve.kafka.settings import KafkaSettings
-    from flowserve.topology import load_topology
     from flowserve.tuning.traces import from_timestamps, save_trace
 
     topology = load_topology(args.topology)
@@ -49,8 +53,6 @@ def cmd_trace_record(args: argparse.Namespace) -> int:
 def cmd_trace_replay(args: argparse.Namespace) -> int:
     from flowserve.client.kafka import TopologyClient
     from flowserve.client.replay import replay
-    from flowserve.kafka.settings import KafkaSettings
-    from flowserve.topology import load_topology
     from flowserve.tuning.traces import load_trace
 
     topology = load_topology(args.topology)
@@ -89,7 +91,6 @@ def _stage_table(title: str, plan: Any, stats: dict[str, Any]) -> Table:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from flowserve.topology import load_topology
     from flowserve.tuning.fusion_plan import fused_options
     from flowserve.tuning.plan import load_plan, sim_stages, stage_options
     from flowserve.tuning.simulate import simulate
@@ -120,10 +121,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from flowserve.runtime import hardware as hw
-    from flowserve.topology import load_topology
     from flowserve.tuning.fusion_plan import fused_options, make_fused_plan
     from flowserve.tuning.plan import make_plan, save_plan, sim_stages, stage_options
     from flowserve.tuning.simulate import simulate
@@ -151,7 +149,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _print_fusion(plan)
     if args.plot:
         from flowserve.bench.plot import plot_plan
-        from flowserve.tuning import curves
         from flowserve.tuning.plan import service_curves
 
         stages = service_curves(options, plan)
@@ -183,9 +180,8 @@ def _print_fusion(plan: Any) -> None:
 
 def _read_prices(path: str) -> dict[str, float]:
     """A hardware table: JSON ``{"kind": price_per_hour, ...}`` (a subset of the known kinds)."""
-    from pathlib import Path
-
     from flowserve.runtime import hardware as hw
+
 
     try:
         doc = json.loads(Path(path).read_text())
@@ -263,13 +259,7 @@ def register(sub: Any) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    import signal
-    import time
-    from pathlib import Path
-
-    from flowserve.kafka.settings import KafkaSettings
     from flowserve.runtime.host import ProcessHost, create_topology_topics
-    from flowserve.topology import load_topology
     from flowserve.tuning.plan import apply_plan, load_plan
     from flowserve.tuning.scalers import KubernetesScaler, LocalScaler, Scaler
     from flowserve.tuning.tuner import tune

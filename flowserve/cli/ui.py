@@ -7,17 +7,18 @@ import asyncio
 import signal
 from typing import TYPE_CHECKING, Any
 
-from flowserve.console import make_console
+from flowserve.cli.common import console
+from flowserve.errors import ErrorKind, FlowserveError, SettingsError
+from flowserve.gateway.settings import GatewaySettings
+from flowserve.kafka.settings import KafkaSettings
+from flowserve.topology import Topology, load_topology, names
 
-if TYPE_CHECKING:
-    from flowserve.kafka.settings import KafkaSettings
-    from flowserve.topology.graph import Topology
+if TYPE_CHECKING:  # the page's server and its sources bring aiokafka: imported where they are used
     from flowserve.ui import UiSettings, UiSources
 
-console = make_console(stderr=True)
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def register(sub: Any) -> None:
+    p = sub.add_parser("ui", help="a live web page of running topologies: graph, figures, charts, lineage")
     p.add_argument("topology", nargs="+", help="topology files of running topologies")
     p.add_argument("--broker", required=True, help="bootstrap host:port of the Kafka they run on")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -25,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-file", help="bearer tokens, one per line (the gateway's); without it (and "
                                         "FLOWSERVE_GATEWAY_TOKENS) there is no authentication")
     p.add_argument("--poll", type=float, default=2.0, help="seconds between reads of the topics")
+    p.set_defaults(func=cmd_ui)
 
 
 def lineage_json(steps: list[Any]) -> dict[str, Any]:
@@ -56,9 +58,7 @@ def sources(kafka: KafkaSettings) -> UiSources:
     from flowserve.capture.drift import drift_state
     from flowserve.capture.inspect import inspect_records
     from flowserve.capture.lineage import lineage
-    from flowserve.errors import ErrorKind, FlowserveError
     from flowserve.runtime.metrics import read_snapshots
-    from flowserve.topology import names
     from flowserve.ui import UiSources
 
     async def snapshots(topology: Topology) -> list[dict[str, Any]]:
@@ -116,10 +116,6 @@ def serve_blocking(topologies: list[Topology], kafka: KafkaSettings, settings: U
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from flowserve.errors import SettingsError
-    from flowserve.gateway.settings import GatewaySettings
-    from flowserve.kafka.settings import KafkaSettings
-    from flowserve.topology import load_topology
     from flowserve.ui import UiSettings
 
     gateway = GatewaySettings.from_env(args.token_file)  # the gateway's tokens, from the same places

@@ -18,8 +18,19 @@ from typing import Any, Literal
 
 import yaml
 
+from flowserve.deploy.kafkausers import (
+    PORTS,
+    Auth,
+    client_env,
+    kafka_users,
+    listener,
+    mount_credentials,
+    trigger_authentication,
+    trigger_metadata,
+)
 from flowserve.deploy.keda import lag_thresholds
 from flowserve.errors import ErrorKind, FlowserveError
+from flowserve.kafka.acls import principal_name
 from flowserve.topology.graph import Topology
 from flowserve.topology.names import deployment_name, k8s_name
 
@@ -128,17 +139,21 @@ def _image(plan: Plan, node: NodePlan) -> str:
 # ---------------------------------------------------------------- Kubernetes
 
 
-def kubernetes(topology: Topology, path: str, plan: Plan) -> list[dict[str, Any]]:
-    """Strimzi Kafka + node pool + topics, a Deployment and a KEDA ScaledObject per node, the gateway."""
+def kubernetes(topology: Topology, path: str, plan: Plan, auth: Auth | None = None) -> list[dict[str, Any]]:
+    """Strimzi Kafka + node pool + topics, a Deployment and a KEDA ScaledObject per node, the gateway.
+
+    With ``auth``, a principal per stage (:mod:`flowserve.deploy.kafkausers`): the cluster authenticates
+    and authorizes, each stage and the gateway get a KafkaUser with their least ACLs, and each Deployment
+    mounts its own user's Secret only."""
     name = k8s_name("flowserve", topology.name)
     cluster = "flowserve"
-    bootstrap = f"{cluster}-kafka-bootstrap:9092"
+    bootstrap = f"{cluster}-kafka-bootstrap:{PORTS[auth] if auth else 9092}"
     partitions = plan.partitions or topology.spec.partitions
     labels = {"app.kubernetes.io/part-of": "flowserve", "flowserve/topology": topology.name}
     objs: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": labels},
-         "data": _env(bootstrap, plan)},
-        *_strimzi(cluster, plan),
+         "data": {**_env(bootstrap, plan), **(client_env(auth) if auth else {})}},
+        *_strimzi(cluster, plan, auth),
     ]
     configs = {"min.insync.replicas": str(plan.min_insync_replicas)}
     for topic in [*topology.topics(), topology.control_topic]:
@@ -153,10 +168,17 @@ def kubernetes(topology: Topology, path: str, plan: Plan) -> list[dict[str, Any]
     for node_id in topology.nodes:
         node = plan.node(topology, node_id)
         deployment = deployment_name(topology.name, node_id)
-        objs.append(_deployment(deployment, {**labels, "flowserve/node": node_id}, name, node, plan,
-                                _worker_command(topology, path, node_id, bootstrap)))
-        objs.append(_scaled_object(topology, node_id, deployment, node, bootstrap, partitions,
-                                   thresholds[node_id]))
+        stage = _deployment(deployment, {**labels, "flowserve/node": node_id}, name, node, plan,
+                            _worker_command(topology, path, node_id, bootstrap))
+        scaler = _scaled_object(topology, node_id, deployment, node, bootstrap, partitions, thresholds[node_id])
+        objs += [stage, scaler]
+        if auth:
+            user = principal_name(topology.name, node_id)
+            mount_credentials(stage, user, cluster, auth)
+            objs.append(trigger_authentication(deployment, user, cluster, auth))
+            for trigger in scaler["spec"]["triggers"]:
+                trigger["metadata"].update(trigger_metadata(auth))
+                trigger["authenticationRef"] = {"name": deployment}
     gw = k8s_name(name, "gateway")
     gateway = _deployment(gw, {**labels, "flowserve/node": "gateway"}, name, NodePlan(), plan,
                           ["gateway", path, "--broker", bootstrap, "--host", ALL_INTERFACES,
@@ -165,6 +187,9 @@ def kubernetes(topology: Topology, path: str, plan: Plan) -> list[dict[str, Any]
     container["ports"] = [{"name": "http", "containerPort": GATEWAY_PORT}]
     container["readinessProbe"] = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 5}
     container["livenessProbe"] = {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10}
+    if auth:
+        mount_credentials(gateway, principal_name(topology.name, "gateway"), cluster, auth)
+        objs += kafka_users(topology, cluster, auth, labels)
     objs.append(gateway)
     objs.append({"apiVersion": "v1", "kind": "Service", "metadata": {"name": gw, "labels": labels},
                  "spec": {"selector": {**labels, "flowserve/node": "gateway"},
@@ -172,22 +197,27 @@ def kubernetes(topology: Topology, path: str, plan: Plan) -> list[dict[str, Any]
     return objs
 
 
-def _strimzi(cluster: str, plan: Plan) -> list[dict[str, Any]]:
-    """A KRaft Kafka cluster of three combined controller+broker nodes."""
+def _strimzi(cluster: str, plan: Plan, auth: Auth | None = None) -> list[dict[str, Any]]:
+    """A KRaft Kafka cluster of three combined controller+broker nodes (with ``auth``: its listener
+    authenticates, and the simple authorizer refuses what no KafkaUser's ACL allows)."""
+    kafka: dict[str, Any] = {
+        "listeners": [listener(auth)],
+        "config": {"default.replication.factor": plan.replication_factor,
+                   "min.insync.replicas": plan.min_insync_replicas,
+                   "offsets.topic.replication.factor": plan.replication_factor,
+                   "transaction.state.log.replication.factor": plan.replication_factor,
+                   "transaction.state.log.min.isr": plan.min_insync_replicas}}
+    if auth:
+        kafka["authorization"] = {"type": "simple"}
+        kafka["config"]["allow.everyone.if.no.acl.found"] = False
     return [
         {"apiVersion": "kafka.strimzi.io/v1", "kind": "KafkaNodePool",
          "metadata": {"name": "combined", "labels": {"strimzi.io/cluster": cluster}},
          "spec": {"replicas": KAFKA_NODES, "roles": ["controller", "broker"],
                   "storage": {"type": "persistent-claim", "size": "20Gi", "deleteClaim": False}}},
         {"apiVersion": "kafka.strimzi.io/v1", "kind": "Kafka", "metadata": {"name": cluster},
-         "spec": {"kafka": {
-             "listeners": [{"name": "plain", "port": 9092, "type": "internal", "tls": False}],
-             "config": {"default.replication.factor": plan.replication_factor,
-                        "min.insync.replicas": plan.min_insync_replicas,
-                        "offsets.topic.replication.factor": plan.replication_factor,
-                        "transaction.state.log.replication.factor": plan.replication_factor,
-                        "transaction.state.log.min.isr": plan.min_insync_replicas}},
-             "entityOperator": {"topicOperator": {}}}},
+         "spec": {"kafka": kafka,
+                  "entityOperator": {"topicOperator": {}, **({"userOperator": {}} if auth else {})}}},
     ]
 
 
@@ -288,14 +318,19 @@ def compose(topology: Topology, path: str, plan: Plan) -> dict[str, Any]:
 
 
 def render(topology: Topology, *, path: str | None = None, plan: Plan | None = None,
-           target: Target = "k8s") -> dict[str, str]:
-    """The files of a deployment, by name. ``path`` is the topology file as seen inside the image."""
+           target: Target = "k8s", auth: Auth | None = None) -> dict[str, str]:
+    """The files of a deployment, by name. ``path`` is the topology file as seen inside the image;
+    ``auth`` (Kubernetes only) gives each stage its own Kafka principal (:mod:`flowserve.deploy.kafkausers`)."""
+    if auth and target != "k8s":
+        raise FlowserveError("--auth renders Strimzi KafkaUsers: use it with --target k8s",
+                             kind=ErrorKind.INVALID_INPUT)
     plan = plan or Plan()
     path = path or f"topologies/{topology.name}.yaml"
     files = {"Dockerfile": _template("Dockerfile"), "Dockerfile.cuda": _template("Dockerfile.cuda")}
     header = f"# Rendered by `flowserve deploy render` from topology {topology.name!r}: edit the topology, not this.\n"
     if target == "k8s":
-        files["k8s.yaml"] = header + yaml.dump_all(kubernetes(topology, path, plan), Dumper=_Dumper, sort_keys=False)
+        files["k8s.yaml"] = header + yaml.dump_all(kubernetes(topology, path, plan, auth), Dumper=_Dumper,
+                                                   sort_keys=False)
     else:
         files["compose.yaml"] = header + yaml.dump(compose(topology, path, plan), Dumper=_Dumper, sort_keys=False)
         files["otel-collector.yaml"] = _template("otel-collector.yaml")

@@ -17,7 +17,8 @@ Without a ``capture:`` section nothing extra is written. With one::
         model: {sample: 1.0}
         post: {enabled: false}
 
-The policy derived from it lives here too: which requests are sampled (deterministically: a request id
+The section's models (:class:`CaptureSpec`) are plain specs in spec.py; the policy derived from them
+lives here: which requests are sampled (deterministically: a request id
 hashes to a point in [0, 1) and is captured where that point is below the node's rate, so a request
 sampled at 10% is captured at every node whose rate is 10% or more), which ports get capture topics,
 and the topics capture adds to a topology.
@@ -28,78 +29,30 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any, Protocol
 
 from flowserve.errors import TopologyError
 from flowserve.topology import names
+from flowserve.topology.node import Node
+from flowserve.topology.spec import CaptureSpec, Redaction, TopologySpec
 
-if TYPE_CHECKING:
-    from flowserve.topology.graph import Topology
-    from flowserve.topology.spec import TopologySpec
+__all__ = ["OFF", "Compiled", "NodePolicy", "captured_ports", "lineage_on", "node_policy", "redactions",
+           "sample_point", "side_topics", "topic_configs"]
 
 _SCALE = float(1 << 64)
 
 
-class NodeCaptureSpec(BaseModel):
-    """Overrides of the topology-wide capture settings for one node."""
+class Compiled(Protocol):
+    """What :func:`topic_configs` reads of a compiled topology (a :class:`~flowserve.topology.graph.Topology`,
+    which is built from this module's results and so is not imported here)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    @property
+    def spec(self) -> TopologySpec: ...
 
-    enabled: bool = True
-    sample: float | None = Field(None, ge=0.0, le=1.0)
-    lineage: bool | None = None
-    tracing: bool | None = None
+    @property
+    def nodes(self) -> Mapping[str, Node]: ...
 
-
-Redaction = Literal["drop", "hash", "keep"]
-
-
-class KeySource(BaseModel):
-    """Where the key of ``redact: hash`` comes from: an environment variable or a file, exactly one.
-
-    The spec names the source, never the key, so a topology file can be shared and logged.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    env: str | None = Field(None, min_length=1)
-    file: str | None = Field(None, min_length=1)
-
-    @model_validator(mode="after")
-    def _one(self) -> KeySource:
-        if (self.env is None) == (self.file is None):
-            raise ValueError("hash_key takes exactly one of 'env' (a variable's name) or 'file' (a path)")
-        return self
-
-    def describe(self) -> str:
-        return f"environment variable {self.env}" if self.env is not None else f"file {self.file}"
-
-
-class CaptureSpec(BaseModel):
-    """Capture policy of a topology (see the module docstring)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = True
-    #: fraction of requests captured; the choice hashes the request id, so a request is kept at every node.
-    sample: float = Field(1.0, ge=0.0, le=1.0)
-    #: "node.port", "node.*" or "*": ports that get a topic (for sampled requests) even when nothing reads them.
-    ports: list[str] = Field(default_factory=list)
-    lineage: bool = True
-    tracing: bool = True
-    #: retention.ms of edge, capture, lineage and drift topics, applied when they are created.
-    retention_ms: int | None = Field(None, gt=0)
-    #: retention.bytes (per partition) of the same topics, applied when they are created.
-    retention_bytes: int | None = Field(None, gt=0)
-    #: "node.port" -> drop | hash | keep, for ports capture writes (their own topics), applied before writing.
-    redact: dict[str, Redaction] = Field(default_factory=dict)
-    #: the key of ``hash`` redactions (HMAC-SHA256): where to read it, never the key itself.
-    hash_key: KeySource | None = None
-    nodes: dict[str, NodeCaptureSpec] = Field(default_factory=dict)
-
-
+    def topics(self) -> list[str]: ...
 
 
 def sample_point(request_id: str) -> float:
@@ -220,33 +173,35 @@ def redactions(spec: TopologySpec, node_id: str) -> dict[str, Redaction]:
     return {t[len(prefix):]: m for t, m in cap.redact.items() if t.startswith(prefix) and m != "keep"}
 
 
-def lineage_on(topology: Topology) -> bool:
-    return any(node_policy(topology.spec, n).lineage and node_policy(topology.spec, n).active
-               for n in topology.nodes)
+def lineage_on(spec: TopologySpec, node_ids: Iterable[str]) -> bool:
+    return any(node_policy(spec, n).lineage and node_policy(spec, n).active for n in node_ids)
 
 
-def side_topics(topology: Topology) -> list[str]:
+def side_topics(spec: TopologySpec, nodes: Mapping[str, Node]) -> list[str]:
     """Topics capture adds to a topology: the lineage topic when lineage is on, and side-report topics."""
-    topics = [topology.lineage_topic] if lineage_on(topology) else []
-    for node in topology.nodes.values():
+    base = names.base(spec.prefix, spec.name)
+    topics = [names.lineage_topic(base)] if lineage_on(spec, nodes) else []
+    for node in nodes.values():
         name = node.component.side_output
         if name:
-            topics.append(topology.side_topic(name))
+            topics.append(names.side_topic(base, name))
     return list(dict.fromkeys(topics))
 
 
-def topic_configs(topology: Topology) -> dict[str, dict[str, str]]:
+def topic_configs(topology: Compiled) -> dict[str, dict[str, str]]:
     """Per-topic configs for topic creation: ``retention.ms`` and ``retention.bytes`` of every topic capture
     reads, when set, and ``cleanup.policy=compact`` for learning nodes' state topics (the last value per
     context is the state)."""
-    compact = {topology.state_topic(n): {"cleanup.policy": "compact"}
+    spec = topology.spec
+    base = names.base(spec.prefix, spec.name)
+    compact = {names.state_topic(base, n): {"cleanup.policy": "compact"}
                for n, node in topology.nodes.items() if node.component.learns}
-    cap = topology.spec.capture
+    cap = spec.capture
     if cap is None or not cap.enabled:
         return compact
     retention = {key: str(value) for key, value in (("retention.ms", cap.retention_ms),
                                                    ("retention.bytes", cap.retention_bytes)) if value is not None}
     if not retention:
         return compact
-    skip = {topology.inputs_topic, topology.outputs_topic, topology.deadletter_topic, *compact}
+    skip = {names.inputs_topic(base), names.outputs_topic(base), names.deadletter_topic(base), *compact}
     return {**{t: dict(retention) for t in topology.topics() if t not in skip}, **compact}

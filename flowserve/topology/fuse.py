@@ -21,7 +21,7 @@ to a side topic ``<base>.<chain>.<member>.<port>`` (as it writes any port nobody
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,10 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from flowserve.component import Batch, Component, Result, load_component_class, read_result
 from flowserve.errors import ComponentError, TopologyError, WireError
 from flowserve.topology.capture import node_policy
-
-if TYPE_CHECKING:
-    from flowserve.topology.graph import Topology
-    from flowserve.topology.spec import CacheSpec, NodeSpec, TopologySpec
+from flowserve.topology.node import Node, Source
+from flowserve.topology.spec import BatchingSpec, CacheSpec, NodeSpec, TopologySpec
 
 CHAIN = "flowserve.topology.fuse:Chain"
 
@@ -232,14 +230,14 @@ def _violations(node: str, component: Component, tensors: dict[str, np.ndarray],
     return bad
 
 
-def fuse_spec(spec: TopologySpec, unfused: Topology, source: str) -> TopologySpec:
+def fuse_spec(spec: TopologySpec, unfused: Mapping[str, Node], unfused_outputs: Mapping[str, Source],
+              source: str) -> TopologySpec:
     """The spec with each chain under ``fuse:`` replaced by one node running :class:`Chain`.
 
-    ``unfused`` is the topology compiled without fusion (so ports and references are already checked);
-    here only what fusion needs is checked: each chain is linear and nothing outside it reads inside it.
+    ``unfused`` and ``unfused_outputs`` are the nodes and outputs of the topology compiled without fusion (so ports
+    and references are already checked); here only what fusion needs is checked: each chain is linear and
+    nothing outside it reads inside it.
     """
-    from flowserve.topology.spec import BatchingSpec, NodeSpec
-
     nodes: dict[str, NodeSpec] = dict(spec.nodes)
     rename: dict[str, str] = {}  # last member -> fused node id, for references from outside
     seen: dict[str, str] = {}
@@ -259,12 +257,12 @@ def fuse_spec(spec: TopologySpec, unfused: Topology, source: str) -> TopologySpe
         if name in spec.nodes and name not in members:
             raise TopologyError(f"fuse.{name}: the name is already a node's id; pick another", source=source,
                                 node=name)
-        _check_chain(name, members, unfused, spec, source)
+        _check_chain(name, members, unfused, unfused_outputs, spec, source)
         steps = []
         wirings: list[dict[str, str]] = []
         for k, m in enumerate(members):
             ns = spec.nodes[m]
-            bindings = unfused.nodes[m].bindings
+            bindings = unfused[m].bindings
             wiring = {} if k == 0 else {port: srcs[0].tensor for port, srcs in bindings.items()}
             wirings.append(wiring)
             steps.append({"id": m, "component": ns.component, "params": ns.params, "wiring": wiring})
@@ -284,7 +282,7 @@ def fuse_spec(spec: TopologySpec, unfused: Topology, source: str) -> TopologySpe
         fused = NodeSpec(component=CHAIN, params={"steps": steps, "taps": taps}, inputs=head.inputs,
                          triggers=head.triggers,
                          join=head.join, batching=batching, replicas=max(s.replicas for s in specs),
-                         max_batch=min(unfused.nodes[m].max_batch for m in members),
+                         max_batch=min(unfused[m].max_batch for m in members),
                          cache=_chain_cache(name, members, spec, source))
         for m in members:
             nodes.pop(m)
@@ -302,8 +300,6 @@ def _chain_cache(name: str, members: list[str], spec: TopologySpec, source: str)
     """A chain is cached as one node when every member declares ``cache:`` (a chain of functions of their
     inputs is one too): the smallest bound, the shortest TTL, every header a member varies by. Some members
     only: refused, since what the others compute between the cached ones never leaves the worker."""
-    from flowserve.topology.spec import CacheSpec
-
     caches = [spec.nodes[m].cache for m in members]
     if all(c is None for c in caches):
         return None
@@ -317,25 +313,26 @@ def _chain_cache(name: str, members: list[str], spec: TopologySpec, source: str)
                      vary=vary)
 
 
-def _check_chain(name: str, members: list[str], unfused: Topology, spec: TopologySpec, source: str) -> None:
+def _check_chain(name: str, members: list[str], unfused: Mapping[str, Node], outputs: Mapping[str, Source],
+                 spec: TopologySpec, source: str) -> None:
     for m in members:
         if spec.nodes[m].fuse == "never":
             raise TopologyError(f"fuse.{name}: node '{m}' says 'fuse: never'; take it out of the chain or drop "
                                 "its 'fuse: never'", source=source, node=m)
     for prev, m in zip(members, members[1:], strict=False):
-        node = unfused.nodes[m]
+        node = unfused[m]
         if node.triggers or any(len(srcs) != 1 or srcs[0].node != prev for srcs in node.bindings.values()):
             raise TopologyError(f"fuse.{name}: every input of '{m}' must come from '{prev}', the node before it "
                                 "in the chain (a chain is linear)", source=source, node=m)
     inner = set(members[:-1])
-    for node in unfused.nodes.values():
+    for node in unfused.values():
         if node.id not in spec.nodes:  # the implicit Collect node: the outputs are checked below
             continue
         for src in node.sources:
             if src.node in inner and node.id != members[members.index(src.node) + 1]:
                 raise TopologyError(f"fuse.{name}: '{node.id}' reads '{src.ref}', inside the chain; only the "
                                     f"chain's last node may feed other nodes", source=source, node=node.id)
-    for out, src in unfused.outputs.items():
+    for out, src in outputs.items():
         if src.node in inner:
             raise TopologyError(f"fuse.{name}: outputs.{out} reads '{src.ref}', inside the chain; only the "
                                 "chain's last node may feed the outputs", source=source, node=src.node)

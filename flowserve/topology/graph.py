@@ -1,6 +1,8 @@
 """Compile a topology spec into a validated graph: components configured, ports checked, topics named.
 
-Validation runs once, at load time. Every error names the file and the node and says what to fix.
+The top of the topology layer: it reads the specs (spec.py), builds nodes (node.py) with what capture,
+parity and fusion derive from their sections, and holds them as a :class:`Topology`. Validation runs
+once, at load time. Every error names the file and the node and says what to fix.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 import importlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,57 +21,17 @@ from flowserve.component import Batch, Component, Port, load_component_class
 from flowserve.errors import ComponentError, FlowserveError, TopologyError
 from flowserve.topology import names
 from flowserve.topology.capture import captured_ports, side_topics
+from flowserve.topology.fuse import fuse_spec
+from flowserve.topology.node import Node, Source, parse_ref
 from flowserve.topology.parity import parity_node, readers_of
-from flowserve.topology.spec import CacheSpec, JoinSpec, TopologySpec, load_spec, load_spec_text
+from flowserve.topology.spec import JoinSpec, TopologySpec, load_spec, load_spec_text
+
+__all__ = ["MAX_WINDOW_MS", "OUTPUTS_NODE", "Collect", "Node", "Source", "Topology", "compile_spec", "load_topology",
+           "load_topology_text"]
 
 OUTPUTS_NODE = "outputs"
 #: JoinSpec.window_ms's upper bound; a longer topology deadline must not break the implicit Collect join.
 MAX_WINDOW_MS = 3_600_000
-
-
-@dataclass(frozen=True, slots=True)
-class Source:
-    """Where a tensor comes from: a topic and the tensor's name inside that topic's records."""
-
-    topic: str
-    tensor: str
-    node: str | None  # producing node, None for the topology's inputs or another topology
-    ref: str  # as written in the YAML
-    port: Port | None = None  # spec of the producing port, when known
-
-
-@dataclass(frozen=True)
-class Node:
-    id: str
-    component: Component
-    bindings: dict[str, tuple[Source, ...]]
-    triggers: tuple[Source, ...]
-    join: JoinSpec
-    max_batch: int
-    replicas: int
-    output_topics: dict[str, str]
-    #: output name -> port of this node, when this node also writes the topology's outputs record.
-    emits_outputs: dict[str, str] = field(default_factory=dict)
-    #: port -> topic of captured ports nobody reads (written for sampled requests only; see flowserve.capture).
-    capture_topics: dict[str, str] = field(default_factory=dict)
-    #: input topics where a request's first record wins and a later one is dropped as a duplicate (the
-    #: outputs of a parity-protected node: a reconstructed output and the late real one; flowserve.parity).
-    first_wins: frozenset[str] = frozenset()
-    #: the node's prediction cache (flowserve.runtime.cache), when its YAML asks for one
-    cache: CacheSpec | None = None
-
-    @property
-    def sources(self) -> list[Source]:
-        """Everything this node reads: each port's sources, then its triggers."""
-        return [*(s for sources in self.bindings.values() for s in sources), *self.triggers]
-
-    @property
-    def input_topics(self) -> tuple[str, ...]:
-        return tuple(sorted({s.topic for s in self.sources}))
-
-    @property
-    def needs_join(self) -> bool:
-        return len(self.input_topics) > 1 or any(len(s) > 1 for s in self.bindings.values())
 
 
 @dataclass(frozen=True)
@@ -164,7 +126,7 @@ class Topology:
         for node in self.nodes.values():
             owned.extend(node.output_topics.values())
             owned.extend(node.capture_topics.values())
-        owned.extend(side_topics(self))
+        owned.extend(side_topics(self.spec, self.nodes))
         for node in self.nodes.values():
             if node.component.learns:
                 owned.extend((self.decisions_topic(node.id), self.state_topic(node.id)))
@@ -246,44 +208,6 @@ def _check_deadline_join(component: Component, node_id: str, source: str) -> Non
                 "zeros, so every dimension after the first must be fixed", source=source, node=node_id)
 
 
-def _parse_ref(ref: str, spec: TopologySpec, nodes: dict[str, Component], node_id: str, source: str) -> Source:
-    parts = ref.split(".")
-    base = names.base(spec.prefix, spec.name)
-    if len(parts) == 2 and parts[0] == "input":
-        tensor = parts[1]
-        declared = spec.inputs.get(tensor)
-        port = Port(declared.datatype, declared.shape, declared.allow_nan) if declared else None
-        if spec.inputs and declared is None:
-            raise TopologyError(
-                f"'{ref}' names topology input '{tensor}', which is not declared under 'inputs' "
-                f"(declared: {', '.join(spec.inputs)})",
-                source=source, node=node_id,
-            )
-        return Source(names.inputs_topic(base), tensor, None, ref, port)
-    if len(parts) == 2:
-        upstream, port_name = parts
-        if upstream not in nodes:
-            raise TopologyError(
-                f"'{ref}' refers to unknown node '{upstream}' (nodes: {', '.join(nodes)})",
-                source=source, node=node_id,
-            )
-        ports = nodes[upstream].outputs
-        if port_name not in ports:
-            raise TopologyError(
-                f"'{ref}': node '{upstream}' has no output port '{port_name}' "
-                f"(its outputs: {', '.join(ports) or 'none'})",
-                source=source, node=node_id,
-            )
-        return Source(names.edge_topic(base, upstream, port_name), port_name, upstream, ref, ports[port_name])
-    if len(parts) == 3 and parts[1] == "outputs":
-        other, _, tensor = parts
-        return Source(names.outputs_topic(names.base(spec.prefix, other)), tensor, None, ref)
-    raise TopologyError(
-        f"cannot read reference '{ref}': use 'node.port', 'input.name' or 'topology.outputs.name'",
-        source=source, node=node_id,
-    )
-
-
 def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}
     path: list[str] = []
@@ -325,11 +249,9 @@ def _order(edges: dict[str, set[str]]) -> list[str]:
 
 def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
     if spec.fuse:  # check the graph as written, then compile it with each chain as one node
-        from flowserve.topology.fuse import fuse_spec
-
         # capture names the fused nodes, so it is checked against the fused graph (fuse_spec rejects members)
         unfused = compile_spec(spec.model_copy(update={"fuse": {}, "capture": None}), source)
-        spec = fuse_spec(spec, unfused, source)
+        spec = fuse_spec(spec, unfused.nodes, unfused.outputs, source)
     components: dict[str, Component] = {}
     for node_id, node_spec in spec.nodes.items():
         try:
@@ -371,7 +293,7 @@ def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
                     "'join: {type: any}'",
                     source=source, node=node_id,
                 )
-            sources = tuple(_parse_ref(r, spec, components, node_id, source) for r in ref_list)
+            sources = tuple(parse_ref(r, spec, components, node_id, source) for r in ref_list)
             want = component.inputs[port]
             for src in sources:
                 if src.port is not None and (why := src.port.compatible(want)):
@@ -389,14 +311,14 @@ def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
                     derived_inputs.setdefault(src.tensor, (want, node_id))
             node_bindings[port] = sources
         bindings[node_id] = node_bindings
-        triggers[node_id] = tuple(_parse_ref(r, spec, components, node_id, source) for r in node_spec.triggers)
+        triggers[node_id] = tuple(parse_ref(r, spec, components, node_id, source) for r in node_spec.triggers)
 
     inputs: dict[str, Port] = {
         name: Port(p.datatype, p.shape, p.allow_nan) for name, p in spec.inputs.items()
     } or {name: port for name, (port, _) in derived_inputs.items()}
 
     outputs = {
-        name: _parse_ref(ref, spec, components, f"outputs.{name}", source) for name, ref in spec.outputs.items()
+        name: parse_ref(ref, spec, components, f"outputs.{name}", source) for name, ref in spec.outputs.items()
     }
     if not outputs:
         raise TopologyError("a topology needs at least one entry under 'outputs'", source=source)

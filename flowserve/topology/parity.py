@@ -1,5 +1,7 @@
 """The ``parity:`` section of a node (ParM coded redundancy) and the parity model node it adds.
 
+The section's model (:class:`ParitySpec`, offered here for the parity feature) is a plain spec in spec.py.
+
 A node opts in::
 
     model:
@@ -23,52 +25,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Any
 
 from flowserve.component import Component, Port, load_component_class
 from flowserve.errors import ComponentError, TopologyError
 from flowserve.topology import names
+from flowserve.topology.node import Node, Source
+from flowserve.topology.spec import ParitySpec
 
-if TYPE_CHECKING:
-    from flowserve.topology.graph import Node
+__all__ = ["SUMMABLE", "ConcatLayout", "ParitySpec", "concat_layout", "parity_node", "readers_of"]
 
 #: datatypes whose values can be summed and differenced exactly enough for decoding.
 SUMMABLE = frozenset({"FP16", "FP32", "FP64"})
-
-
-class ParitySpec(BaseModel):
-    """Coded redundancy for one node (see the module docstring)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    k: int = Field(2, le=16)
-    #: the parity model's component; default: the protected node's component class.
-    component: str | None = None
-    #: params of the parity model: laid over the protected node's params (e.g. another weights file), or,
-    #: with ``component``, that component's params.
-    params: dict[str, Any] = Field(default_factory=dict)
-    #: sum: the parity query is the sum of the k inputs (ParM's general encoder). concat: each input, an
-    #: image, shrunk by block averaging and tiled into one image of the same size (ParM's image encoder).
-    encoder: Literal["sum", "concat"] = "sum"
-    #: concat: each row's image as [height, width] (a row holds channels x height x width values, channels
-    #: first); default: a square single-channel image (64 values: 8 x 8).
-    image: tuple[int, int] | None = None
-    #: how long a group waits for its k members; the members themselves are never held.
-    wait_ms: float = Field(20.0, gt=0, le=60_000)
-    #: how long the decoder keeps a group's outputs waiting for the rest (then they are forgotten).
-    hold_ms: float = Field(30_000.0, gt=0, le=3_600_000)
-    #: worker processes of the parity model node.
-    replicas: int = Field(1, ge=1, le=64)
-
-    @field_validator("k")
-    @classmethod
-    def _k(cls, k: int) -> int:
-        if k < 2:
-            raise ValueError(f"k={k}: a parity group needs at least 2 requests (k: 2, 3 or 4); "
-                             "to duplicate every request use 'replicas' instead")
-        return k
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +87,6 @@ def _summable(node_id: str, what: str, ports: Mapping[str, Port], source: str) -
 def parity_node(node: Node, spec: ParitySpec, node_params: Mapping[str, Any], base: str, partitions: int,
                 source: str, taken: set[str]) -> Node:
     """Check parity-protected ``node`` and build its parity model node."""
-    from flowserve.topology.graph import Node, Source
-
     nid = node.id
     pid = names.parity_node(nid)
     if pid in taken:

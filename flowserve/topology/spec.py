@@ -1,16 +1,20 @@
-"""The YAML form of a topology, as pydantic models. Structural checks only; graph checks live in graph.py."""
+"""The YAML form of a topology, as pydantic models: every section, ``capture:`` and ``parity:`` included.
+
+The bottom of the topology layer: plain frozen models and the loader, importing nothing of the layer
+but the errors. Structural checks only; what a section means for the graph (capture's policy, parity's
+model node, fusion) lives in capture.py, parity.py and fuse.py, and graph.py compiles it all.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flowserve.errors import TopologyError
-from flowserve.topology.capture import CaptureSpec
-from flowserve.topology.parity import ParitySpec
 
 ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 RESERVED_IDS = frozenset({"input", "inputs", "outputs", "output", "deadletter", "replies"})
@@ -19,6 +23,95 @@ RESERVED_IDS = frozenset({"input", "inputs", "outputs", "output", "deadletter", 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+
+# -- capture: (flowserve.topology.capture derives the policy in force at each node) --------------------
+
+class NodeCaptureSpec(_Strict):
+    """Overrides of the topology-wide capture settings for one node."""
+
+    enabled: bool = True
+    sample: float | None = Field(None, ge=0.0, le=1.0)
+    lineage: bool | None = None
+    tracing: bool | None = None
+
+
+Redaction = Literal["drop", "hash", "keep"]
+
+
+class KeySource(_Strict):
+    """Where the key of ``redact: hash`` comes from: an environment variable or a file, exactly one.
+
+    The spec names the source, never the key, so a topology file can be shared and logged.
+    """
+
+    env: str | None = Field(None, min_length=1)
+    file: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one(self) -> KeySource:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("hash_key takes exactly one of 'env' (a variable's name) or 'file' (a path)")
+        return self
+
+    def describe(self) -> str:
+        return f"environment variable {self.env}" if self.env is not None else f"file {self.file}"
+
+
+class CaptureSpec(_Strict):
+    """Capture policy of a topology (the ``capture:`` section; see :mod:`flowserve.topology.capture`)."""
+
+    enabled: bool = True
+    #: fraction of requests captured; the choice hashes the request id, so a request is kept at every node.
+    sample: float = Field(1.0, ge=0.0, le=1.0)
+    #: "node.port", "node.*" or "*": ports that get a topic (for sampled requests) even when nothing reads them.
+    ports: list[str] = Field(default_factory=list)
+    lineage: bool = True
+    tracing: bool = True
+    #: retention.ms of edge, capture, lineage and drift topics, applied when they are created.
+    retention_ms: int | None = Field(None, gt=0)
+    #: retention.bytes (per partition) of the same topics, applied when they are created.
+    retention_bytes: int | None = Field(None, gt=0)
+    #: "node.port" -> drop | hash | keep, for ports capture writes (their own topics), applied before writing.
+    redact: dict[str, Redaction] = Field(default_factory=dict)
+    #: the key of ``hash`` redactions (HMAC-SHA256): where to read it, never the key itself.
+    hash_key: KeySource | None = None
+    nodes: dict[str, NodeCaptureSpec] = Field(default_factory=dict)
+
+
+# -- parity: (flowserve.topology.parity checks it and adds the parity model node) ----------------------
+
+class ParitySpec(_Strict):
+    """Coded redundancy for one node (the ``parity:`` section; see :mod:`flowserve.topology.parity`)."""
+
+    k: int = Field(2, le=16)
+    #: the parity model's component; default: the protected node's component class.
+    component: str | None = None
+    #: params of the parity model: laid over the protected node's params (e.g. another weights file), or,
+    #: with ``component``, that component's params.
+    params: dict[str, Any] = Field(default_factory=dict)
+    #: sum: the parity query is the sum of the k inputs (ParM's general encoder). concat: each input, an
+    #: image, shrunk by block averaging and tiled into one image of the same size (ParM's image encoder).
+    encoder: Literal["sum", "concat"] = "sum"
+    #: concat: each row's image as [height, width] (a row holds channels x height x width values, channels
+    #: first); default: a square single-channel image (64 values: 8 x 8).
+    image: tuple[int, int] | None = None
+    #: how long a group waits for its k members; the members themselves are never held.
+    wait_ms: float = Field(20.0, gt=0, le=60_000)
+    #: how long the decoder keeps a group's outputs waiting for the rest (then they are forgotten).
+    hold_ms: float = Field(30_000.0, gt=0, le=3_600_000)
+    #: worker processes of the parity model node.
+    replicas: int = Field(1, ge=1, le=64)
+
+    @field_validator("k")
+    @classmethod
+    def _k(cls, k: int) -> int:
+        if k < 2:
+            raise ValueError(f"k={k}: a parity group needs at least 2 requests (k: 2, 3 or 4); "
+                             "to duplicate every request use 'replicas' instead")
+        return k
+
+
+# -- nodes and the topology ------------------------------------------------------------------------
 
 class JoinSpec(_Strict):
     """How a node with several input topics (or triggers) waits for them, per request.
@@ -75,8 +168,6 @@ class CacheSpec(_Strict):
     @field_validator("vary")
     @classmethod
     def _header_names(cls, names: list[str]) -> list[str]:
-        import re
-
         for name in names:
             if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_-]*$", name):
                 raise ValueError(f"'{name}' is not a header name")
@@ -143,8 +234,6 @@ class TopologySpec(_Strict):
     @field_validator("nodes")
     @classmethod
     def _node_ids(cls, nodes: dict[str, NodeSpec]) -> dict[str, NodeSpec]:
-        import re
-
         for node_id in nodes:
             if not re.match(ID_PATTERN, node_id):
                 raise ValueError(f"node id '{node_id}' must match {ID_PATTERN}")
@@ -171,8 +260,6 @@ class TopologySpec(_Strict):
     @field_validator("fuse")
     @classmethod
     def _fuse_ids(cls, fuse: dict[str, list[str]]) -> dict[str, list[str]]:
-        import re
-
         for name in fuse:
             if not re.match(ID_PATTERN, name) or name in RESERVED_IDS:
                 raise ValueError(f"fused node id '{name}' must match {ID_PATTERN} and not be reserved")

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from flowserve.tuning import curves
 from flowserve.tuning.simulate import batch_time, jitter_floor
-
-if TYPE_CHECKING:
-    from flowserve.tuning.plan import StageConfig, StageOptions
+from flowserve.tuning.stages import StageConfig, StageOptions
 
 
 def required_stages(options: Sequence[StageOptions]) -> set[str]:

@@ -46,6 +46,7 @@ from flowserve.tuning import curves
 from flowserve.tuning.bounds import Bounds, required_stages  # noqa: F401 - required_stages: re-exported
 from flowserve.tuning.documents import read_document
 from flowserve.tuning.simulate import SimResult, SimStage, batch_time, simulate
+from flowserve.tuning.stages import StageConfig, StageOptions
 
 PLAN_FORMAT = "flowserve-plan/1"
 #: A stage with neither a declared table nor a profile costs this (builtin plumbing such as Identity).
@@ -53,25 +54,6 @@ NEGLIGIBLE_S = 5e-5
 MAX_BATCH = 64
 #: per stage: a cluster's worth (the search bisects, so the cap costs a few simulations, not a thousand)
 MAX_CONSUMERS = 1000
-
-
-@dataclass(frozen=True)
-class StageConfig:
-    hardware: str
-    max_batch: int
-    consumers: int
-
-
-@dataclass
-class StageOptions:
-    """A node as the planner sees it: its wiring and a latency table per hardware kind it runs on."""
-
-    id: str
-    tables: dict[str, dict[int, float]]
-    inputs: list[tuple[str | None, str]]
-    join: str = "inner"
-    fractions: dict[str, float] = field(default_factory=dict)
-    output: bool = False
 
 
 @dataclass

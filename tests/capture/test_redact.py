@@ -15,7 +15,8 @@ from flowserve.capture.reader import Decoded
 from flowserve.capture.redact import EMPTY, H_REDACT, Redactor, load_key, node_redactors, parse_header
 from flowserve.errors import ErrorKind, SettingsError, TopologyError
 from flowserve.topology import load_topology_text
-from flowserve.topology.capture import KeySource, topic_configs
+from flowserve.topology.capture import topic_configs
+from flowserve.topology.spec import KeySource
 from flowserve.wire.tensors import decode_tensors
 
 KEY = b"test-key"

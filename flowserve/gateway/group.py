@@ -10,7 +10,6 @@ SIGTERM/SIGINT on, and ends when any of them ends.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
@@ -18,6 +17,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Sequence
 
 from flowserve.console import make_console
 from flowserve.gateway.settings import GatewaySettings
@@ -35,28 +35,30 @@ def _reserve(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_group(args: argparse.Namespace, settings: GatewaySettings) -> int:
-    """Start ``args.processes`` gateways on one port; return when a signal stops them or one ends."""
+def run_group(topologies: Sequence[str], broker: str, settings: GatewaySettings, processes: int, *,
+              token_file: str | None = None, max_inflight: int | None = None, verbose: bool = False) -> int:
+    """Start ``processes`` gateways on one port serving the topology files ``topologies`` from the Kafka at
+    ``broker``; return when a signal stops them or one ends (exit status 1, 2 where SO_REUSEPORT is missing)."""
     if not hasattr(socket, "SO_REUSEPORT"):
         console.print("[red]--processes needs SO_REUSEPORT, which this platform lacks[/]")
         return 2
     reserved = _reserve(settings.host, settings.port)
     port = reserved.getsockname()[1]
     base = os.environ.get("FLOWSERVE_GATEWAY_INSTANCE") or uuid.uuid4().hex[:12]
-    cmd = [sys.executable, "-m", "flowserve", "gateway", *args.topology, "--broker", args.broker,
+    cmd = [sys.executable, "-m", "flowserve", "gateway", *topologies, "--broker", broker,
            "--host", settings.host, "--port", str(port), "--reuse-port"]
-    if args.token_file:
-        cmd += ["--token-file", args.token_file]
-    if args.max_inflight:
-        cmd += ["--max-inflight", str(args.max_inflight)]
-    if args.verbose:
+    if token_file:
+        cmd += ["--token-file", token_file]
+    if max_inflight:
+        cmd += ["--max-inflight", str(max_inflight)]
+    if verbose:
         cmd.append("-v")
     children: list[subprocess.Popen[str]] = []
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        for k in range(args.processes):
+        for k in range(processes):
             env = {**os.environ, "FLOWSERVE_GATEWAY_INSTANCE": f"{base}-{k}"}
             child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
             children.append(child)
@@ -65,7 +67,7 @@ def run_group(args: argparse.Namespace, settings: GatewaySettings) -> int:
                 console.print(f"[red]gateway process {k} did not start[/]")
                 return 1
         reserved.close()
-        console.print(f"[green]gateway[/]: {args.processes} processes on port {port} (instances {base}-0..)")
+        console.print(f"[green]gateway[/]: {processes} processes on port {port} (instances {base}-0..)")
         print(f"http://{settings.host}:{port}", flush=True)
         while not stop.wait(0.5):  # polling the children for an exit, not synchronisation
             if any(c.poll() is not None for c in children):
