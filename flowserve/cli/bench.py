@@ -50,7 +50,7 @@ def register(sub: Any) -> None:
     p.add_argument("--trace", metavar="FILE",
                    help="tuner --simulated: also run this trace file (flowserve trace record)")
     p.add_argument("--pipelines", nargs="+", default=None,
-                   help="tuner --simulated: the emulated pipelines (default image-processing)")
+                   help="tuner --simulated: the emulated pipelines (default: all four)")
     p.add_argument("--tuner-rate", type=float, default=30.0, help="tuner, simulate: base request rate")
     p.add_argument("--trace-seconds", type=float, default=40.0, help="tuner, simulate: length of each trace")
     p.add_argument("--slo-ms", type=float, default=600.0, help="tuner: end-to-end SLO")
