@@ -210,22 +210,33 @@ def targets_from_plan(options: Sequence[StageOptions], plan: Plan, *, profile: b
     overhead_s = plan.overhead_ms / 1000
     times = {o.id: batch_time(o.tables[plan.stages[o.id].hardware], plan.stages[o.id].max_batch) + overhead_s
              for o in options}
-    budget = plan.slo_ms / 1000 - plan.hop_ms / 1000 * (len(options) + 1)
+    # a request crosses the stages of one path, not all of them: parallel branches (a fan-out and its join)
+    # share the SLO's time instead of adding to it (summed, video-monitoring's four stages left no slack)
+    total, stages = critical_path(options, times)
+    slack = max(0.0, plan.slo_ms / 1000 - plan.hop_ms / 1000 * (stages + 1) - total)
     # the queueing slack: half in equal parts, so a sub-millisecond stage has room for the bursts a produce
     # batch makes; half in proportion to batch time, as a stage waits about one batch for the batch in
     # progress (equal parts alone left a 140 ms classifier with a share its p99 could not keep at the
     # plan's own consumers)
-    slack = max(0.0, budget - sum(times.values()))
-    total = sum(times.values()) or 1.0
     out = []
     for o in options:
         cfg = plan.stages[o.id]
-        slo_share = times[o.id] + slack / 2 / max(1, len(options)) + slack / 2 * times[o.id] / total
+        slo_share = times[o.id] + slack / 2 / max(1, stages) + slack / 2 * times[o.id] / (total or 1.0)
         rate = (safe_rate(tuple(sorted(o.tables[cfg.hardware].items())), cfg.max_batch, slo_share,
                           overhead_s=overhead_s) if profile else 0.0)
         out.append(StageTarget(o.id, cfg.max_batch, times[o.id], slo_share, share[o.id], plan.partitions,
                                cfg.consumers, rate))
     return out
+
+
+def critical_path(options: Sequence[StageOptions], times: dict[str, float]) -> tuple[float, int]:
+    """The longest path's batch times and its number of stages (``options`` in topological order)."""
+    longest: dict[str, tuple[float, int]] = {}
+    for o in options:
+        ups = [longest[src] for src, _ in o.inputs if src is not None and src in longest]
+        before = max(ups, default=(0.0, 0))
+        longest[o.id] = (before[0] + times[o.id], before[1] + 1)
+    return max(longest.values(), default=(0.0, 0))
 
 
 async def tail_arrivals(kafka: KafkaSettings, topic: str, partitions: int | range,

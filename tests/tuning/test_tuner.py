@@ -208,3 +208,17 @@ def test_a_topology_with_parity_groups_cannot_grow() -> None:
     topology = load_topology(Path(__file__).resolve().parents[2] / "topologies" / "digits-parity.yaml")
     with pytest.raises(FlowserveError, match="parity groups"):
         check_growable(topology)
+
+
+def test_parallel_branches_share_the_slo_instead_of_adding_to_it() -> None:
+    # a fan-out to two 40-ms branches and a join: a request crosses three stages, not four
+    options = [
+        StageOptions("split", {"k": {1: 0.01}}, [(None, "x")]),
+        StageOptions("a", {"k": {1: 0.04}}, [("split", "x")]),
+        StageOptions("b", {"k": {1: 0.04}}, [("split", "x")]),
+        StageOptions("join", {"k": {1: 0.01}}, [("a", "x"), ("b", "x")], output=True),
+    ]
+    plan = Plan("t", 100.0, 8, 2.0, {o.id: StageConfig("k", 1, 1) for o in options})
+    targets = {t.id: t for t in targets_from_plan(options, plan, profile=False)}
+    slack = 0.1 - 0.002 * 4 - 0.06  # three stages on the longest path, four hops
+    assert targets["a"].slo_share_s == pytest.approx(0.04 + slack / 2 / 3 + slack / 2 * 0.04 / 0.06)
