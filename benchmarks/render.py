@@ -24,12 +24,10 @@ DOC = HERE.parent / "docs" / "benchmarks.md"
 MAX_ROWS = 16
 #: one table per bench (the page keeps under 400 lines; the rest is in the JSON file): the first the result
 #: holds, or the one named here
-MAIN = {"broker": "throughput_over_kafka", "tuner-simulated": "summary", "tuner-simulated-video": "summary",
-        "chaos": "memory_mib"}
+MAIN = {"broker": "throughput_over_kafka", "tuner-simulated": "summary", "chaos": "memory_mib"}
 #: per result file, what stays in the JSON alone
 LEAVE_OUT = {"chaos": {"faults", "lost_ids", "reasons"}, "parity": {"notes"}, "parity-emulated": {"notes"},
-             "tuner-simulated": {"timelines", "rates_per_minute"},
-             "tuner-simulated-video": {"timelines", "rates_per_minute"}}
+             "tuner-simulated": {"timelines", "rates_per_minute"}}
 #: columns of one table at most (the first ones in the bench's own order)
 MAX_COLS = 9
 
