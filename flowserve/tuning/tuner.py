@@ -98,6 +98,7 @@ class Controller:
     _last_down: dict[str, float] = field(default_factory=dict)
     _hold: dict[str, float] = field(default_factory=dict)
     _downs: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+    _tracked: dict[str, float] = field(default_factory=dict)
 
     def observe(self, times_s: Sequence[float] | np.ndarray) -> None:
         self._arrivals.extend(float(t) for t in times_s)
@@ -143,6 +144,7 @@ class Controller:
                 continue
             if up > have:
                 self._downs.pop(t.id, None)
+                self._tracked.pop(t.id, None)
                 self._regret(t.id, now)
                 self._last_action[t.id] = now
                 # to the need at once: every step costs a rebalance, and a pod's start delay is paid per step
@@ -153,23 +155,29 @@ class Controller:
             down, why_down = (need if self.rule != "profile" else self._rule(now, t, excess, 0))(
                 scale=1.0 + self.hysteresis)
             target, span = self._stabilised(t.id, now, down)
-            if target < have and span >= self._hold.get(t.id, self.hold_s):
+            hold = self._hold.get(t.id, self.hold_s)
+            if target < have and span >= hold:
                 self._downs.pop(t.id, None)
+                self._tracked.pop(t.id, None)
                 self._last_action[t.id] = now
                 self._last_down[t.id] = now
-                actions.append(Action(t.id, have, target, now, f"below for {span:.0f} s: {why_down}"))
+                actions.append(Action(t.id, have, target, now, f"below for {hold:.0f} s: {why_down}"))
         return actions
 
     def _stabilised(self, stage: str, now: float, down: int) -> tuple[int, float]:
         """The most consumers the stage needed (inflated by the hysteresis) over its hold, and the seconds
         of need that covers (since its last action at most): the HPA's scale-down stabilisation, over a
-        window that adapts (:meth:`_regret`)."""
+        window that adapts (:meth:`_regret`). The span counts from the first need recorded since the last
+        action, not from the oldest kept: decisions a little over ``interval_s`` apart on a live clock would
+        never keep one exactly a hold old."""
         needs = self._downs.setdefault(stage, deque())
+        first = needs[0][0] if needs else now
+        self._tracked.setdefault(stage, first)
         needs.append((now, down))
         hold = self._hold.get(stage, self.hold_s)
         while needs and needs[0][0] < now - hold:
             needs.popleft()
-        return max(c for _, c in needs), now - needs[0][0]
+        return max(c for _, c in needs), now - self._tracked[stage]
 
     def _regret(self, stage: str, now: float) -> None:
         """A scale-up soon after a scale-down: that scale-down cost a start delay and a rebalance for little,

@@ -83,3 +83,14 @@ def test_a_scale_down_undone_soon_after_doubles_the_hold() -> None:
     again = min(d for d in downs if d > 60)
     assert first - 20 <= 10 + 2 + 1 and again - 60 >= 2 * 10
     assert have == 1
+
+
+def test_a_live_clock_a_little_late_each_tick_still_scales_down() -> None:
+    target = StageTarget("m", batch=8, batch_s=0.012, slo_share_s=0.05, max_consumers=20, safe_rate=100.0)
+    ctl = Controller([target], hold_s=3, horizon_s=2, settle_s=1)
+    now, acts = 0.0, []
+    while now < 20:  # every tick 0.51 s: no recorded need is ever exactly a hold old
+        ctl.observe([now + i / 30 for i in range(15)])
+        acts += ctl.decide(now + 0.51, {"m": 3})
+        now += 0.51
+    assert acts and acts[0].after == 1 and "below for" in acts[0].reason
