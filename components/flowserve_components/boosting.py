@@ -36,8 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flowserve.component import Batch, Component, Port
-from flowserve.errors import ComponentError
-from flowserve_components.model_files import ModelFile, check_port_name, entry_point, require
+from flowserve_components.model_files import ModelFile, check_port_name, model_location, one_source, require
 
 #: objective -> what the model's raw prediction is: probabilities, class indices, or a value.
 XGBOOST_TASKS: dict[str, str] = {"binary:logistic": "binary", "multi:softprob": "multiclass",
@@ -60,8 +59,7 @@ class BoostingParams(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> BoostingParams:
-        if (self.model is None) == (self.model_from is None):
-            raise ValueError("give either 'model' (a path) or 'model_from' (a function returning one)")
+        one_source(self.model, self.model_from)
         return self
 
 
@@ -81,16 +79,7 @@ class _BoostedTrees(Component):
         super().__init__(params, node=node)
         if self.params.max_batch is not None:
             self.max_batch = self.params.max_batch  # type: ignore[misc]
-        path = self.params.model
-        if path is None:
-            source = self.params.model_from or ""
-            try:
-                path = str(entry_point(source, "model_from")())
-            except ComponentError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - user code: say what it raised
-                raise ComponentError(f"model_from '{source}' failed: {type(exc).__name__}: {exc}") from None
-        self.file = ModelFile(path, self.what)
+        self.file = ModelFile(model_location(self.params.model, self.params.model_from), self.what)
         self.file.head(self.resave)
         self._booster: Any = None
         self.weights_hash: str | None = None

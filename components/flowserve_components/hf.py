@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flowserve.component import Batch, Component, Port, Result, pick_device, torch_threads
 from flowserve.errors import ComponentError
-from flowserve_components.model_files import ModelFile, entry_point, is_safetensors, require
+from flowserve_components.model_files import ModelFile, is_safetensors, model_location, one_source, require
 
 #: weight files that are pickles (torch.save): loading one runs whatever code it names
 PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
@@ -62,8 +62,7 @@ class HfParams(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> HfParams:
-        if (self.model is None) == (self.model_from is None):
-            raise ValueError("give either 'model' (a directory) or 'model_from' (a function returning one)")
+        one_source(self.model, self.model_from, "a directory")
         return self
 
 
@@ -132,15 +131,7 @@ class HfModel(Component):
         p = self.params
         if p.max_batch is not None:
             self.max_batch = p.max_batch  # type: ignore[misc]
-        path = p.model
-        if path is None:
-            try:
-                path = str(entry_point(p.model_from or "", "model_from")())
-            except ComponentError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - user code: say what it raised
-                raise ComponentError(f"model_from '{p.model_from}' failed: {type(exc).__name__}: {exc}") from None
-        self.directory = ModelDirectory(path)
+        self.directory = ModelDirectory(model_location(p.model, p.model_from))
         inputs = {"input_ids": Port("INT64", [-1, -1]), "attention_mask": Port("INT64", [-1, -1])}
         if p.type_ids:
             inputs["token_type_ids"] = Port("INT64", [-1, -1])

@@ -112,6 +112,26 @@ def entry_point(ref: str, what: str) -> Callable[..., Any]:
     return target
 
 
+def one_source(model: str | None, model_from: str | None, what: str = "a path", name: str = "model") -> None:
+    """A runtime's params name a file by ``name`` or by ``name_from``, never both or neither."""
+    if (model is None) == (model_from is None):
+        raise ValueError(f"give either '{name}' ({what}) or '{name}_from' (a function returning one)")
+
+
+def model_location(model: str | None, model_from: str | None, name: str = "model") -> str:
+    """``model``, else what the ``name_from`` function returns (it may create the file first, e.g. train
+    into a cache); a :class:`ComponentError` saying what that function raised."""
+    if model is not None:
+        return model
+    param = f"{name}_from"
+    try:
+        return str(entry_point(model_from or "", param)())
+    except ComponentError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - user code: say what it raised
+        raise ComponentError(f"{param} '{model_from}' failed: {type(exc).__name__}: {exc}") from None
+
+
 def check_port_name(file: ModelFile, kind: str, name: str) -> str:
     if not PORT_NAME.match(name):
         raise file.fail(f"{kind} '{name}' is not a valid port name (it must match {PORT_NAME.pattern})")

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flowserve.component import Batch, Component, Port
 from flowserve.errors import ComponentError
-from flowserve_components.model_files import entry_point
+from flowserve_components.model_files import model_location, one_source
 
 #: ONNX element type -> V2 datatype; a type absent here (complex, float8, bfloat16) cannot be served.
 ELEMENT_TYPES: dict[int, str] = {
@@ -76,8 +76,7 @@ class OnnxParams(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> OnnxParams:
-        if (self.model is None) == (self.model_from is None):
-            raise ValueError("give either 'model' (a path) or 'model_from' (a function returning one)")
+        one_source(self.model, self.model_from)
         return self
 
 
@@ -176,16 +175,7 @@ class OnnxModel(Component):
         super().__init__(params, node=node)
         if self.params.max_batch is not None:
             self.max_batch = self.params.max_batch  # type: ignore[misc]
-        path = self.params.model
-        if path is None:
-            try:
-                path = str(entry_point(self.params.model_from or "", "model_from")())
-            except ComponentError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - user code: say what it raised
-                raise ComponentError(f"model_from '{self.params.model_from}' failed: {type(exc).__name__}: {exc}"
-                                     ) from None
-        self.path = Path(path)
+        self.path = Path(model_location(self.params.model, self.params.model_from))
         ins, outs = graph_ports(self.path, read_graph(self.path), self.params.names)
         # Instance attributes shadow the class-level declarations; the graph reads them from the instance.
         self.inputs = ins  # type: ignore[misc]

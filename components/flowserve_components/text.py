@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flowserve.component import Batch, Component, Port, Result
 from flowserve.errors import ComponentError
-from flowserve_components.model_files import PORT_NAME, ModelFile, entry_point, require
+from flowserve_components.model_files import PORT_NAME, ModelFile, model_location, one_source, require
 
 #: pad tokens looked for, in order, when the file sets no padding and 'pad_token' is not given
 PAD_TOKENS = ("[PAD]", "<pad>", "<|pad|>", "<|endoftext|>")
@@ -53,8 +53,7 @@ class TokenizeParams(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> TokenizeParams:
-        if (self.tokenizer is None) == (self.tokenizer_from is None):
-            raise ValueError("give either 'tokenizer' (a path) or 'tokenizer_from' (a function returning one)")
+        one_source(self.tokenizer, self.tokenizer_from, name="tokenizer")
         if not PORT_NAME.match(self.input):
             raise ValueError(f"'{self.input}' is not a valid port name (it must match {PORT_NAME.pattern})")
         return self
@@ -86,16 +85,7 @@ class Tokenize(Component):
     def __init__(self, params: BaseModel | None = None, *, node: str = "") -> None:
         super().__init__(params, node=node)
         p = self.params
-        source = p.tokenizer
-        if source is None:
-            try:
-                source = str(entry_point(p.tokenizer_from or "", "tokenizer_from")())
-            except ComponentError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - user code: say what it raised
-                raise ComponentError(f"tokenizer_from '{p.tokenizer_from}' failed: {type(exc).__name__}: {exc}"
-                                     ) from None
-        self.tokenizer, self.path = load_tokenizer(source)
+        self.tokenizer, self.path = load_tokenizer(model_location(p.tokenizer, p.tokenizer_from, "tokenizer"))
         self.inputs = {p.input: Port("BYTES", [-1], doc="one UTF-8 string per element")}  # type: ignore[misc]
         outputs = {"input_ids": Port("INT64", [-1, -1]), "attention_mask": Port("INT64", [-1, -1])}
         if p.type_ids:
