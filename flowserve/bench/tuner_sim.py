@@ -78,12 +78,12 @@ def plans(pipeline: str, trace: Trace, slo_ms: float, cfg: SimSettings) -> tuple
     sample = _mean_sample(trace)
     # every contender runs static's hardware and batches, so they differ in consumers alone (a plan for the
     # mean rate picks smaller batches, which serve fewer requests per consumer at the peak)
-    counts = oracle_counts(stage_options(topology), sample, peak, cfg, 60.0)[0]
+    options = stage_options(topology)
+    counts = oracle_counts(options, sample, peak, cfg, 60.0)[0]
     stages = {k: StageConfig(c.hardware, c.max_batch, counts[k]) for k, c in peak.stages.items()}
+    fastest = min(batch_time(o.tables[stages[o.id].hardware], stages[o.id].max_batch) for o in options)
     start = Plan(peak.topology, slo_ms, peak.partitions, hop_ms, stages, overhead_ms=overhead_ms,
-                 envelope=planned_envelope(sample, min(batch_time(o.tables[stages[o.id].hardware],
-                                                                  stages[o.id].max_batch)
-                                                       for o in stage_options(topology)) + overhead_ms / 1000))
+                 envelope=planned_envelope(sample, fastest + overhead_ms / 1000))
     return peak, start
 
 

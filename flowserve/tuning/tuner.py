@@ -143,26 +143,30 @@ class Controller:
             if settling and not (up > have and self.rule == "profile"):
                 continue
             if up > have:
-                self._downs.pop(t.id, None)
-                self._tracked.pop(t.id, None)
+                self._forget_needs(t.id)
                 self._regret(t.id, now)
                 self._last_action[t.id] = now
                 # to the need at once: every step costs a rebalance, and a pod's start delay is paid per step
                 # (doubling steps left the spike trace's backlog to grow for two start delays: tuner-simulated)
                 actions.append(Action(t.id, have, up, now, why))
                 continue
-            # down on the arrivals alone: a lag is drained by then, and its need would hold the stage up
-            down, why_down = (need if self.rule != "profile" else self._rule(now, t, excess, 0))(
+            # down on the arrivals alone (the same envelope, no lag): a lag is drained by then, and its need
+            # would hold the stage up
+            down, why_down = (need if self.rule != "profile" else functools.partial(need, lag=0))(
                 scale=1.0 + self.hysteresis)
             target, span = self._stabilised(t.id, now, down)
             hold = self._hold.get(t.id, self.hold_s)
             if target < have and span >= hold:
-                self._downs.pop(t.id, None)
-                self._tracked.pop(t.id, None)
+                self._forget_needs(t.id)
                 self._last_action[t.id] = now
                 self._last_down[t.id] = now
                 actions.append(Action(t.id, have, target, now, f"below for {hold:.0f} s: {why_down}"))
         return actions
+
+    def _forget_needs(self, stage: str) -> None:
+        """After an action the stage's scale-down window starts again."""
+        self._downs.pop(stage, None)
+        self._tracked.pop(stage, None)
 
     def _stabilised(self, stage: str, now: float, down: int) -> tuple[int, float]:
         """The most consumers the stage needed (inflated by the hysteresis) over its hold, and the seconds
