@@ -16,12 +16,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flowserve.bench import WORKLOADS
+from flowserve_bench import WORKLOADS
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "docs" / "benchmarks.md"
-#: rows of one table at most: a bench's full rows stay in its JSON file
-MAX_ROWS = 16
+#: rows of one table at most: a bench's full rows stay in its JSON file (the tuner's summary is every
+#: pipeline x trace, each a target's row)
+MAX_ROWS = 12
+ROWS = {"tuner-simulated": 20}
 #: one table per bench (the page keeps under 400 lines; the rest is in the JSON file): the first the result
 #: holds, or the one named here
 MAIN = {"broker": "throughput_over_kafka", "tuner-simulated": "summary", "chaos": "memory_mib"}
@@ -76,7 +78,7 @@ def flat(d: dict[str, Any], prefix: str = "", depth: int = 2) -> dict[str, Any]:
     return out
 
 
-def table(rows: list[dict[str, Any]], label: str | None = None) -> list[str]:
+def table(rows: list[dict[str, Any]], label: str | None = None, max_rows: int = MAX_ROWS) -> list[str]:
     cols: list[str] = []
     for row in rows:
         cols += [c for c in row if c not in cols and c != "_label"]
@@ -88,16 +90,16 @@ def table(rows: list[dict[str, Any]], label: str | None = None) -> list[str]:
     lines = ["In every row: " + ", ".join(f"{c} {fmt(v)}" for c, v in same.items()) + ".", ""] if same else []
     head = ([label] if label is not None else []) + cols
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in rows[:MAX_ROWS]:
+    for row in rows[:max_rows]:
         cells = ([fmt(row.get("_label"))] if label is not None else []) + [fmt(row.get(c)) for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
-    if len(rows) > MAX_ROWS:
-        lines.append(f"\n({len(rows) - MAX_ROWS} more rows in the JSON file)")
+    if len(rows) > max_rows:
+        lines.append(f"\n({len(rows) - max_rows} more rows in the JSON file)")
     return lines
 
 
 def tables_of(result: dict[str, Any], leave_out: set[str] | frozenset[str] = frozenset(),
-              main: str | None = None) -> list[str]:
+              main: str | None = None, max_rows: int = MAX_ROWS) -> list[str]:
     """The result's main table (``main``, else its first list of records or record of records) and its
     scalars in one line."""
     out: list[str] = []
@@ -113,7 +115,7 @@ def tables_of(result: dict[str, Any], leave_out: set[str] | frozenset[str] = fro
         if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
             rows = [flat(r) for r in value]
             if any(rows):
-                out += ["", f"`{key}`:", "", *table(rows)]
+                out += ["", f"`{key}`:", "", *table(rows, max_rows=max_rows)]
                 shown.add(key)
         elif isinstance(value, dict) and value and all(isinstance(r, dict) for r in value.values()):
             rows, rest = [], []
@@ -129,7 +131,7 @@ def tables_of(result: dict[str, Any], leave_out: set[str] | frozenset[str] = fro
                 else:
                     rows.append({"_label": k, **flat(r)})
             if any(len(r) > 1 for r in rows):
-                out += ["", f"`{key}`:", "", *table(rows, label="")]
+                out += ["", f"`{key}`:", "", *table(rows, label="", max_rows=max_rows)]
                 if rest:
                     out += ["", *table(rest, label="")]
                 shown.add(key)
@@ -151,8 +153,24 @@ def section(doc: dict[str, Any], name: str) -> list[str]:
         met = sum(bool(v) for v in targets.values())
         lines += ["", f"Targets met: {met} of {len(targets)}: "
                   + "; ".join(f"`{k}` {fmt(bool(v))}" for k, v in targets.items()) + "."]
-    lines += tables_of(result, LEAVE_OUT.get(name, set()), MAIN.get(name))
+    if result.get("workload") == "gateway-against":
+        lines += ["", "Throughput, flowserve / the other server (95% interval), and the p99 ratio, per level:", "",
+                  *table(against_rows(result), label="broker / topology")]
+    lines += tables_of(result, LEAVE_OUT.get(name, set()), MAIN.get(name), ROWS.get(name, MAX_ROWS))
     return lines + [""]
+
+
+def against_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """``flowserve bench gateway --against``: a row per broker and topology, a column per load."""
+    rows = []
+    for broker, runs in (result.get("brokers") or {}).items():
+        for run in runs:
+            row: dict[str, Any] = {"_label": f"{broker} / {run['topology']}"}
+            for load in run["loads"]:
+                p99 = load.get("p99_ratio") or [None]
+                row[load["load"]] = f"{fmt(load['throughput_ratio'])}; p99 {fmt(p99[0])}"
+            rows.append(row)
+    return rows
 
 
 def render(results_dir: Path = HERE / "results", method: Path = HERE / "method.md") -> str:

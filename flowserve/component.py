@@ -19,16 +19,18 @@ some items (conditional routing) or to fail single items without failing the bat
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from flowserve.errors import ComponentError, WireError
+from flowserve.errors import ComponentError, ErrorKind, WireError
 from flowserve.wire.tensors import DATATYPES
+
+C = TypeVar("C")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,15 +86,6 @@ class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-@dataclass(frozen=True, slots=True)
-class Retrained:
-    """What :meth:`Component.retrain` produced: the new weights (a self-contained blob the component's
-    :meth:`~Component.load_weights` reads back) and what training measured (JSON-able numbers)."""
-
-    weights: bytes
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
 @dataclass(slots=True)
 class Result:
     """What ``process`` returns when not every item goes to every port.
@@ -105,23 +98,6 @@ class Result:
     outputs: dict[str, np.ndarray]
     mask: dict[str, np.ndarray] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Joined:
-    """Feedback joined to what a learning component did for that request (see ``Component.learns``).
-
-    ``decision``: the component's own decision record, as :meth:`Component.drain_decisions` gave it;
-    ``answer``: the outputs of the port the decision names as its answer (``{}`` when it names none or
-    they were not found in the join window); ``truth``: the feedback's true outputs; ``context``: the
-    feedback's context, else the decision's.
-    """
-
-    request_id: str
-    context: str | None
-    decision: Mapping[str, Any]
-    answer: Mapping[str, np.ndarray]
-    truth: Mapping[str, np.ndarray]
 
 
 class Batch(Mapping[str, np.ndarray]):
@@ -185,7 +161,12 @@ class Batch(Mapping[str, np.ndarray]):
 
 
 class Component:
-    """Base class of every component. Subclasses declare ``inputs``, ``outputs`` and ``Params``."""
+    """Base class of every component. Subclasses declare ``inputs``, ``outputs`` and ``Params``.
+
+    The base holds what every component has: ports, params, a lifecycle, ``process`` and ``describe``, and
+    the flags that declare optional capabilities. The methods of a capability are a ``Protocol`` in the
+    feature package that calls them, checked once where it attaches (:func:`require`).
+    """
 
     inputs: ClassVar[dict[str, Port]] = {}
     outputs: ClassVar[dict[str, Port]] = {}
@@ -195,7 +176,7 @@ class Component:
     #: Run ``process`` in a thread so fetching continues meanwhile (heavy, GIL-releasing work: torch).
     offload: ClassVar[bool] = False
     #: Side reports: a component that files them (a drift detector's window results) names their topic
-    #: ``<prefix>.<topology>.<side_output>`` here and returns them from :meth:`drain_reports`.
+    #: ``<prefix>.<topology>.<side_output>`` here and implements ``flowserve.capture.FilesReports``.
     side_output: ClassVar[str | None] = None
     #: ``process`` copes with absent inputs (zero-filled rows, flagged by ``Batch.present``): what a node
     #: behind a ``deadline`` join (an ensemble's combiner) must declare.
@@ -203,11 +184,21 @@ class Component:
     #: sha256 of the loaded weights, once ``setup`` has loaded them (recorded in lineage).
     weights_hash: str | None = None
     #: Continual learning (``flowserve learn``, :mod:`flowserve.learning`): the component fine-tunes itself
-    #: on feedback (:meth:`retrain`), loads registered versions of its weights (:meth:`load_weights`) and
-    #: scores its outputs against the truth (:meth:`score`). Components that set it override the three.
+    #: on feedback; it must implement ``flowserve.learning.Retrainable`` (``retrain``, ``load_weights``).
     retrainable: ClassVar[bool] = False
     #: the registered version of the loaded weights (None: the weights its params name); recorded in lineage.
     model_version: str | None = None
+    #: The param that picks the hardware kind a replica runs on, for a plan to set (None: not selectable).
+    hardware_param: ClassVar[str | None] = None
+    #: Learns from feedback (a bandit selector): it must implement ``flowserve.selection.LearnsFromFeedback``;
+    #: the selection feature writes its decisions to ``<base>.<node>.decisions`` and its state to
+    #: ``<base>.<node>.state``.
+    learns: ClassVar[bool] = False
+    #: State that spans batches (a detector's open window): it must implement
+    #: ``flowserve.learning.HoldsState``, and the worker commits no input offset past the oldest request
+    #: that state still needs, so a restarted worker re-reads it and rebuilds the state (the input topic is
+    #: the changelog, as for joins).
+    keeps_state: ClassVar[bool] = False
 
     def __init__(self, params: BaseModel | None = None, *, node: str = "") -> None:
         self.params = params if params is not None else self.Params()
@@ -247,106 +238,21 @@ class Component:
         """A short, stable string that identifies the component and its parameters (for lineage)."""
         return f"{type(self).__module__}:{type(self).__qualname__}"
 
-    #: The param that picks the hardware kind a replica runs on, for a plan to set (None: not selectable).
-    hardware_param: ClassVar[str | None] = None
 
-    def latency_table(self, hardware: str | None = None) -> dict[int, float] | None:
-        """Declared seconds per batch size on ``hardware`` (None: as configured), for the planner and the
-        simulator; None when the component declares none (then a measured profile is used) or cannot run
-        on that hardware."""
-        return None
-
-    def route_fractions(self) -> dict[str, float]:
-        """Expected share of rows emitted on each output port (a port absent here gets every row).
-
-        A routing component declares it so that the simulator and planner see how traffic divides.
-        """
-        return {}
-
-    def train_parity(self, k: int, encoding: str = "sum") -> dict[str, Any]:
-        """Train this component's parity model for groups of ``k`` (ParM, ``flowserve parity train``): a model
-        of the same architecture mapping the encoded k inputs (``encoding``: ``sum`` or ``concat``, see
-        ``flowserve.parity.codes``) to the sum of the k outputs, saved where a ``parity:`` section can load
-        it. Prints what it measured; returns it (JSON-able). Components that can, override this; the default
-        says it cannot."""
-        raise ComponentError(f"{type(self).__name__} cannot train a parity model; give 'parity: {{params: ...}}' "
-                             "pointing at one trained elsewhere")
-
-    #: Learns from feedback (a bandit selector). Then the selection feature (``flowserve.selection``) writes
-    #: what :meth:`drain_decisions` gives to ``<base>.<node>.decisions``, joins the topology's feedback to
-    #: those decisions (and to the outputs each decision names as its answer) by request id, hands the
-    #: joined records to :meth:`learn`, and keeps :meth:`learned_state` in ``<base>.<node>.state``.
-    learns: ClassVar[bool] = False
-
-    def drain_decisions(self) -> list[dict[str, Any]]:
-        """Decisions taken since the last call, one JSON-able dict per request: ``id`` (the request id),
-        ``context`` (str or None), ``answer`` (the ``node.port`` whose output is the request's answer, or
-        None) and whatever the component needs to learn from it later."""
-        return []
-
-    def answer_refs(self) -> list[str]:
-        """Every ``node.port`` a decision may name as its answer (the join reads their topics)."""
-        return []
-
-    def learn(self, joined: Sequence[Joined]) -> set[str]:
-        """Learn from feedback joined to this component's decisions; returns the contexts whose state changed."""
-        return set()
-
-    def learned_state(self, context: str) -> dict[str, Any]:
-        """What was learned for ``context`` (JSON-able), to be restored by :meth:`restore_learned`."""
-        return {}
-
-    def restore_learned(self, context: str, state: Mapping[str, Any]) -> None:
-        """Take back state that :meth:`learned_state` gave (a restarted or added worker resumes it)."""
-
-    def retrain(self, inputs: Mapping[str, np.ndarray], targets: Mapping[str, np.ndarray]) -> Retrained:
-        """New weights fine-tuned from the loaded ones (``setup`` ran; maybe a version was loaded) on
-        ``inputs`` (arrays by input port, one row per example) and ``targets`` (the true outputs from
-        feedback, by the topology's output names, same rows). Only for ``retrainable`` components."""
-        raise ComponentError(f"{type(self).__name__} cannot retrain itself (it does not declare 'retrainable')")
-
-    def load_weights(self, data: bytes, version: str | None = None) -> None:
-        """Swap in weights that :meth:`retrain` produced (a registered ``version``), between batches; sets
-        ``weights_hash`` and ``model_version``. Must refuse anything but plain weights (no pickle)."""
-        raise ComponentError(f"{type(self).__name__} cannot load registered weights (it is not 'retrainable')")
-
-    def score(self, outputs: Mapping[str, np.ndarray], targets: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Per row, whether this component's ``outputs`` got ``targets`` (feedback) right: a bool array.
-
-        The default compares outputs and targets of the same name, row by row; a classifier emitting
-        logits for a ``label`` target overrides it.
-        """
-        common = [n for n in outputs if n in targets]
-        if not common:
-            raise ComponentError(f"{type(self).__name__}.score: no output named like a feedback target "
-                                 f"(outputs {', '.join(outputs)}; targets {', '.join(targets)})")
-        rows = len(next(iter(outputs.values())))
-        right = np.ones(rows, dtype=bool)
-        for name in common:
-            a, b = np.asarray(outputs[name]).reshape(rows, -1), np.asarray(targets[name]).reshape(rows, -1)
-            right &= (a == b).all(axis=1)
-        return right
-
-    #: State that spans batches (a detector's open window): the worker then asks :meth:`oldest_held` after
-    #: each batch and commits no input offset past that request, so a restarted worker re-reads what the
-    #: state still needed and rebuilds it (the input topic is the changelog, as for joins).
-    keeps_state: ClassVar[bool] = False
-
-    def oldest_held(self) -> str | None:
-        """The request id of the oldest request whose rows the state still needs (None: it needs none).
-
-        Asked only when ``keeps_state`` is True. Rows whose side reports are written (see
-        :meth:`drain_reports`) are no longer needed once those reports have been drained.
-        """
-        return None
-
-    def drain_reports(self) -> list[dict[str, Any]]:
-        """Side reports finished since the last call (JSON-able dicts; ``key`` picks their partition).
-
-        Called by the worker's loop, also between batches, so reports that finish off the loop (in a
-        detector's own thread) still leave. Only components that declare ``side_output`` are asked.
-        """
-        return []
+def require(component: Component, capability: Callable[..., C], feature: str, fix: str = "") -> C:
+    """``component`` as ``capability``, a ``runtime_checkable`` Protocol that a feature package defines for
+    the optional methods it calls (``flowserve.learning.Retrainable``, ...); checked once, where the feature
+    attaches. Raises :class:`ComponentError` (kind ``invalid_topology``: the topology asks ``feature`` of a
+    component that lacks it) naming the node, the class and the missing methods; ``fix`` says what to do.
+    """
+    # a Protocol class, typed as what calling it would give so that mypy accepts one (it is never called)
+    proto = cast(type, capability)
+    if isinstance(component, proto):
+        return cast(C, component)
+    missing = [n for n in vars(proto) if not n.startswith("_") and not callable(getattr(component, n, None))]
+    raise ComponentError(f"node '{component.node}': {type(component).__name__} cannot {feature}: it lacks "
+                         f"{', '.join(missing) or proto.__name__} ({proto.__module__}.{proto.__name__})"
+                         + (f"; {fix}" if fix else ""), kind=ErrorKind.INVALID_TOPOLOGY)
 
 
 def read_result(component: Component, result: Mapping[str, np.ndarray] | Result, rows: int, *, node: str

@@ -1,9 +1,10 @@
 """Online model selection that learns from feedback: Exp3 picks one branch per request, Exp4 weights an
 ensemble's members (Clipper's selection layer), per context when a request header names one.
 
-Both declare ``Component.learns``: the selection feature (``flowserve.selection``) writes their decisions
-to ``<base>.<node>.decisions``, joins feedback to them by request id, calls :meth:`learn`, and keeps the
-weights per context in the compacted ``<base>.<node>.state``, so a restarted or added worker resumes them.
+Both declare ``Component.learns`` and implement ``flowserve.selection.LearnsFromFeedback``: the selection
+feature writes their decisions to ``<base>.<node>.decisions``, joins feedback to them by request id, calls
+:meth:`learn`, and keeps the weights per context in the compacted ``<base>.<node>.state``, so a restarted
+or added worker resumes them.
 
 Weights are kept as log-weights per context. With ``K`` arms, exploration rate ``gamma`` and learning rate
 ``eta``, the probability of arm ``i`` is ``(1 - gamma) * w_i / sum(w) + gamma / K``. Exp3 (Auer et al.)
@@ -26,7 +27,8 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from flowserve.component import Batch, Component, Joined, Port, Result
+from flowserve.component import Batch, Component, Port, Result
+from flowserve.selection.capabilities import Joined
 
 #: the most arms an :class:`Exp3Selector` routes to (its output ports ``arm0``, ``arm1``, ...).
 MAX_ARMS = 16
@@ -255,6 +257,9 @@ class Exp4Ensemble(Component):
     def drain_decisions(self) -> list[dict[str, Any]]:
         out, self._decisions = self._decisions, []
         return out
+
+    def answer_refs(self) -> list[str]:
+        return []  # every member answered: the decision keeps their rows, no answer topic is read
 
     def learn(self, joined: Sequence[Joined]) -> set[str]:
         changed: set[str] = set()

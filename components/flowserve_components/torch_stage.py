@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from flowserve.component import Batch, Component, Port, Retrained, pick_device, torch_threads
+from flowserve.component import Batch, Component, Port, pick_device, torch_threads
 from flowserve.errors import ComponentError
+from flowserve.learning.capabilities import Retrained
 from flowserve_components import models
 
 if TYPE_CHECKING:

@@ -8,9 +8,10 @@ Heavy dependencies (the OpenTelemetry SDK, alibi-detect) are imported only when 
 
 from __future__ import annotations
 
+from flowserve.capture.capabilities import FilesReports
 from flowserve.capture.stage import StageCapture, capture_hooks
 from flowserve.topology.capture import NodePolicy, node_policy, sample_point
 from flowserve.topology.spec import CaptureSpec, NodeCaptureSpec
 
-__all__ = ["CaptureSpec", "NodeCaptureSpec", "NodePolicy", "StageCapture", "capture_hooks", "node_policy",
-           "sample_point"]
+__all__ = ["CaptureSpec", "FilesReports", "NodeCaptureSpec", "NodePolicy", "StageCapture", "capture_hooks",
+           "node_policy", "sample_point"]

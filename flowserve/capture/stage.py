@@ -36,10 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flowserve.capture.capabilities import FilesReports
 from flowserve.capture.redact import node_redactors
 from flowserve.capture.tracing import StageSpans, new_span_ids, new_trace_id, parse_traceparent
 from flowserve.capture.tracing import flush as flush_spans
-from flowserve.component import Component
+from flowserve.component import Component, require
 from flowserve.runtime.hooks import BatchOutcome, StageContext, StageHooks
 from flowserve.topology.capture import node_policy
 from flowserve.topology.graph import Node, Topology
@@ -123,6 +124,9 @@ class StageCapture(StageHooks):
         self.lineage_topic = topology.lineage_topic if self.policy.lineage and self.policy.active else None
         side = component.side_output
         self.side_topic = topology.side_topic(side) if side else None
+        #: the component's side reports (checked once: a component naming a side topic must file them)
+        self.reports_from = require(component, FilesReports, f"file side reports to '{side}' (side_output)"
+                                    ) if side else None
         self._emit: Emit | None = None  # the worker's outbox, from start()
         self._reply_topic: Any = None
         self._spans: Any = None  # a tracing.StageSpans when tracing is on
@@ -418,7 +422,8 @@ class StageCapture(StageHooks):
         partitions = self.topology.spec.partitions
         emit = self._emit
         assert emit is not None
-        for report in self.component.drain_reports():
+        assert self.reports_from is not None
+        for report in self.reports_from.drain_reports():
             key = str(report.get("key", self.node.id))
             body = {"topology": self.topology.name, "node": self.node.id, **report}
             value = json.dumps(body, separators=(",", ":"), default=_jsonable).encode()

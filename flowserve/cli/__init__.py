@@ -1,7 +1,9 @@
 """The ``flowserve`` command line: a module per command (or family), each adding itself with ``register``.
 
 Each ``register(sub)`` adds its subparsers to ``sub`` and sets their ``func``; :func:`build_parser` calls
-them in turn, in the order ``flowserve --help`` lists the commands.
+them in turn, in the order ``flowserve --help`` lists the commands, then the ``register`` of each command
+another installed distribution adds through the ``flowserve.commands`` entry point group
+(``flowserve bench``: ``pip install -e ./benchmarks``).
 
 A command module imports at its top what ``flowserve --help`` loads anyway (the topology layer, the
 settings, the console) and small modules of its own; inside the command that needs it, whatever would
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -20,7 +23,6 @@ from pydantic import ValidationError
 import flowserve
 from flowserve.cli import (
     acl,
-    bench,
     broker,
     capture,
     deploy,
@@ -39,6 +41,12 @@ from flowserve.cli import (
 )
 from flowserve.cli.common import console
 from flowserve.errors import FlowserveError, SettingsError
+
+#: the entry point group of commands that other distributions add (``register(sub)``, like the modules here)
+EXTENSIONS = "flowserve.commands"
+#: commands of distributions this repository holds, with how to install each
+OPTIONAL = {"bench": "`flowserve bench` comes with the flowserve-bench distribution: pip install -e ./benchmarks "
+            "(from a flowserve checkout)"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,11 +68,29 @@ def build_parser() -> argparse.ArgumentParser:
     importing.register(sub)  # import: topologies from an MLServer or Triton model repository
     measure.register(sub)  # profile, stats
     planning.register(sub)  # trace, simulate, plan, tune
-    bench.register(sub)  # bench WORKLOAD
+    for command in extensions():  # bench WORKLOAD, from flowserve-bench
+        command.load()(sub)
     return parser
 
 
+def extensions() -> list[EntryPoint]:
+    """The commands installed distributions add: each entry point of the group names a ``register``."""
+    return sorted(entry_points(group=EXTENSIONS), key=lambda ep: ep.name)
+
+
+def _not_installed(argv: Sequence[str]) -> str | None:
+    """What to install for ``argv``'s command when it comes from a distribution that is not installed."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command in OPTIONAL and command not in {ep.name for ep in extensions()}:
+        return OPTIONAL[command]
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    missing = _not_installed(sys.argv[1:] if argv is None else argv)
+    if missing:
+        console.print(f"[red]error:[/] {missing}")
+        return 2
     args = build_parser().parse_args(argv)
     # Components are referenced as module:Class; let modules beside the user resolve like `python -m` does.
     if "" not in sys.path and str(Path.cwd()) not in sys.path:

@@ -86,7 +86,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if any(row.get("rewinds") for row in rows):  # produces the broker did not take in time (runtime/rewind.py)
         cols.append(("rewinds", "rewinds"))
     cache = [("cache hits", "cache_hits"), ("cache misses", "cache_misses"), ("evictions", "cache_evictions"),
-             ("cache bytes", "cache_bytes")]  # nodes with a prediction cache (flowserve.runtime.cache)
+             ("cache bytes", "cache_bytes")]  # nodes with a prediction cache (flowserve.cache)
     if any(key in row for row in rows for _, key in cache):
         cols += cache
     for title, _ in cols:

@@ -6,11 +6,14 @@ import argparse
 import json
 from typing import Any
 
+from flowserve.component import require
 from flowserve.errors import FlowserveError
 from flowserve.topology import load_topology
 
 
 def cmd_parity_train(args: argparse.Namespace) -> int:
+    from flowserve.parity import TrainsParity  # the parity package brings aiokafka: not for --help
+
     topology = load_topology(args.topology)
     node = topology.spec.nodes.get(args.node)
     if node is None:
@@ -19,7 +22,9 @@ def cmd_parity_train(args: argparse.Namespace) -> int:
     if node.parity is not None and node.parity.k != args.k:
         print(f"note: node '{args.node}' declares parity k={node.parity.k}; training k={args.k}")
     encoder = args.encoder or (node.parity.encoder if node.parity is not None else "sum")
-    report: dict[str, Any] = topology.nodes[args.node].component.train_parity(args.k, encoder)
+    trainer = require(topology.nodes[args.node].component, TrainsParity, "train a parity model",
+                      "give 'parity: {params: ...}' pointing at one trained elsewhere")
+    report: dict[str, Any] = trainer.train_parity(args.k, encoder)
     print(json.dumps(report))
     return 0
 

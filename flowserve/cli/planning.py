@@ -148,8 +148,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.print(f"predicted p99 {p['p99_ms']:.1f} ms  cost ${p['cost_per_hour']:.3f}/h  partitions {plan.partitions}")
     _print_fusion(plan)
     if args.plot:
-        from flowserve.bench.plot import plot_plan
         from flowserve.tuning.plan import service_curves
+        from flowserve.tuning.plot_plan import plot_plan
 
         stages = service_curves(options, plan)
         shortest = min(beta.latency for beta in stages.values())

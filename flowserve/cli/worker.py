@@ -37,8 +37,9 @@ def register(sub: Any) -> None:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     # the worker, its hosts and the features it attaches bring aiokafka, faust and the features' stacks
+    from flowserve.cache import cache_hooks
     from flowserve.capture import capture_hooks
-    from flowserve.learning import version_hooks
+    from flowserve.learning import held_hooks, version_hooks
     from flowserve.parity import parity_hooks
     from flowserve.runtime.eventloop import run
     from flowserve.runtime.hooks import chain
@@ -57,10 +58,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = worker_process(topology, args.node, settings)  # OS priority: side branches yield the CPU
     watch_parent()  # a worker whose host was killed outright stops itself
     kafka = common.kafka(args.broker)
-    hooks = chain(capture_hooks, parity_hooks(kafka, settings), selection_hooks(kafka),
+    hooks = chain(cache_hooks, held_hooks, capture_hooks, parity_hooks(kafka, settings), selection_hooks(kafka),
                   version_hooks(kafka, settings))
     if args.host == "faust":
-        from flowserve.runtime.faust_host import run_worker  # faust: only for the faust host
+        from flowserve.control.faust_host import run_worker  # faust: only for the faust host
 
         run_worker(topology, args.node, kafka, settings, hooks=hooks, loglevel="info" if args.verbose else "warn")
         return 0
@@ -77,7 +78,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_control(args: argparse.Namespace) -> int:
-    from flowserve.runtime.faust_host import send_command  # faust and aiokafka
+    from flowserve.control.faust_host import send_command  # faust and aiokafka
 
     topology = common.load(args.topology)
     asyncio.run(send_command(topology, common.kafka(args.broker), args.command, node=args.node))

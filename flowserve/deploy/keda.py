@@ -5,7 +5,7 @@ target is ``lagThreshold``, so the HPA keeps ``ceil(lag / lagThreshold)`` replic
 with at most ``lagThreshold`` records. A record at the back of that backlog waits ``lagThreshold /
 throughput`` seconds, so the threshold that keeps a node within its share of the SLO is ``throughput x
 share``. ``flowserve deploy render`` writes it into each ScaledObject, and ``flowserve bench tuner`` sets
-its KEDA contender (:mod:`flowserve.bench.keda`) with the same two functions.
+its KEDA contender (``flowserve_bench.keda``, in benchmarks/) with the same two functions.
 
 The share: the SLO split evenly over the stages of the longest path from the inputs to the outputs
 through the node (a request queues once at each stage of its path).

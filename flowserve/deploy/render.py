@@ -253,7 +253,7 @@ def _deployment(name: str, labels: dict[str, str], config: str, node: NodePlan, 
 def _scaled_object(topology: Topology, node_id: str, deployment: str, node: NodePlan, bootstrap: str,
                    partitions: int, lag_threshold: int) -> dict[str, Any]:
     """KEDA scales the node's consumers on its group's lag, from the plan's replicas up to one consumer per
-    partition; KEDA's and the HPA's other settings stay at their defaults (flowserve.bench.keda lists them)."""
+    partition; KEDA's and the HPA's other settings stay at their defaults (flowserve_bench.keda lists them)."""
     triggers = [{"type": "kafka", "metadata": {
         "bootstrapServers": bootstrap, "consumerGroup": topology.group_id(node_id), "topic": topic,
         "lagThreshold": str(lag_threshold), "offsetResetPolicy": "earliest"}}

@@ -1,7 +1,7 @@
 """The gateway's response cache: a repeated request to a topology with a top-level ``cache:`` is answered
 from memory, without a Kafka round trip.
 
-The keys are :mod:`flowserve.runtime.cache`'s over the request's input tensors, under the topology's
+The keys are :mod:`flowserve.cache.store`'s over the request's input tensors, under the topology's
 version as far as the gateway knows it: name, ``version``, the whole YAML (so any change of params or
 weight paths makes new keys) and the weights hashes its components declare. Only plain successes are
 kept: never an error result, never an answer rebuilt from a parity group. What is kept is the output
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from flowserve.runtime.cache import PredictionCache, tensor_key, version_digest
+from flowserve.cache.store import PredictionCache, tensor_key, version_digest
 from flowserve.topology.graph import Topology
 
 #: response header saying whether the answer came from the gateway's cache (``hit``) or the pipeline

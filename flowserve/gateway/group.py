@@ -36,7 +36,8 @@ def _reserve(host: str, port: int) -> socket.socket:
 
 
 def run_group(topologies: Sequence[str], broker: str, settings: GatewaySettings, processes: int, *,
-              token_file: str | None = None, max_inflight: int | None = None, verbose: bool = False) -> int:
+              token_file: str | None = None, max_inflight: int | None = None, verbose: bool = False,
+              plans: Sequence[str] = ()) -> int:
     """Start ``processes`` gateways on one port serving the topology files ``topologies`` from the Kafka at
     ``broker``; return when a signal stops them or one ends (exit status 1, 2 where SO_REUSEPORT is missing)."""
     if not hasattr(socket, "SO_REUSEPORT"):
@@ -47,6 +48,8 @@ def run_group(topologies: Sequence[str], broker: str, settings: GatewaySettings,
     base = os.environ.get("FLOWSERVE_GATEWAY_INSTANCE") or uuid.uuid4().hex[:12]
     cmd = [sys.executable, "-m", "flowserve", "gateway", *topologies, "--broker", broker,
            "--host", settings.host, "--port", str(port), "--reuse-port"]
+    for plan in plans:
+        cmd += ["--plan", plan]
     if token_file:
         cmd += ["--token-file", token_file]
     if max_inflight:

@@ -1,8 +1,8 @@
 """A small asyncio HTTP/1.1 server on llhttp (httptools): keep-alive, pipelining, chunked request bodies.
 
-Chosen over aiohttp and uvicorn+starlette after measuring them on the gateway's workload (the "HTTP
-server" section in the git history of docs/benchmarks.md): per-request overhead in the HTTP layer is what
-limits throughput on two cores, and a protocol-level server with no middleware stack costs the least.
+Chosen over aiohttp and uvicorn+starlette after measuring them on the gateway's workload (docs/gateway.md,
+"Clients and server", says where the figures are): per-request overhead in the HTTP layer is what limits
+throughput on two cores, and a protocol-level server with no middleware stack costs the least.
 Framing is llhttp's (Node.js's parser), not ours: it refuses the request-smuggling shapes
 (``Content-Length`` with ``Transfer-Encoding``, duplicate or malformed lengths, bare LF line ends, spaces
 before a colon); this module adds only what llhttp leaves to the server:

@@ -2,7 +2,7 @@
 
 They offer what the stage worker uses of aiokafka's clients (``getmany``, ``commit``, ``seek``, ``pause``, a
 rebalance listener, ``send_and_wait``, :class:`~flowserve.kafka.outbox.Outbox`'s methods), raise aiokafka's
-error classes (so :mod:`flowserve.runtime.rewind` and :mod:`flowserve.runtime.commits` read one kind of
+error classes (so :mod:`flowserve.runtime.rewind` and :mod:`flowserve.runtime.delivery` read one kind of
 error whichever client runs), and hand records over as :class:`Record` tuples with aiokafka's attribute
 names. librdkafka speaks the protocol in C threads; what stays in Python is a call per record produced, per
 delivery report, and a tuple per record read (``WorkerSettings.client`` says what that costs).

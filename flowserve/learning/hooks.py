@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka import TopicPartition
 
-from flowserve.component import Component
+from flowserve.component import Component, require
 from flowserve.errors import FlowserveError
 from flowserve.kafka.clients import make_consumer
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
+from flowserve.learning.capabilities import Retrainable
 from flowserve.learning.registry import BASE, Registry
 from flowserve.runtime.hooks import HookFactory, StageContext, StageHooks
 from flowserve.topology.graph import Node, Topology
@@ -53,6 +54,7 @@ class VersionHooks(StageHooks):
         #: the node whose versions these are (a shadow worker's own node id differs)
         self.node = node
         self.component = component
+        self.weights = require(component, Retrainable, "switch versions of its weights (it declares 'retrainable')")
         self.registry = Registry(topology.name, node)
         self.kafka = kafka
         self.settings = settings or WorkerSettings()
@@ -79,7 +81,7 @@ class VersionHooks(StageHooks):
             self.component.setup()  # the weights its params name, loaded again
             self.component.model_version = None
         else:
-            self.component.load_weights(self.registry.weights(version), version)
+            self.weights.load_weights(self.registry.weights(version), version)
         if self.current != version:
             log.warning("node %s: now running version %s (was %s)", self.node, version, self.current)
         self.current = version

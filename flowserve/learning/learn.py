@@ -19,7 +19,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from flowserve.component import require
 from flowserve.errors import ComponentError, FlowserveError, WireError
+from flowserve.learning.capabilities import Retrainable, score
 from flowserve.learning.registry import BASE, Manifest, Registry
 from flowserve.topology import names
 from flowserve.topology.capture import node_policy
@@ -166,13 +168,14 @@ def retrain(topology: Topology, node_id: str, data: TrainingSet, *, registry: Re
                              f"to {names.feedback_topic(topology.base)}")
     registry = registry or Registry(topology.name, node_id)
     component = type(node.component).configure(dict(topology.spec.nodes[node_id].params), node=node_id)
+    trainer = require(component, Retrainable, "retrain (it declares 'retrainable')")
     component.prepare()
     component.setup()
     parent = registry.live()
     if parent != BASE:
-        component.load_weights(registry.weights(parent), parent)
+        trainer.load_weights(registry.weights(parent), parent)
     started = time.perf_counter()
-    result = component.retrain(data.inputs, data.targets)
+    result = trainer.retrain(data.inputs, data.targets)
     metrics = {**result.metrics, "train_seconds": round(time.perf_counter() - started, 3)}
     component.close()
     return registry.register(result.weights, parent=parent, training_size=data.size, metrics=metrics)
@@ -232,7 +235,7 @@ async def compare(topology: Topology, node_id: str, source: RecordSource) -> lis
             done.setdefault(key, {})[rid] = max(done.get(key, {}).get(rid, 0), rec.timestamp_ms)
         for key, per_request in sorted(got.items()):
             rids = [r for r, outs in per_request.items() if set(outs) == set(topics.values())]
-            scored = [bool(component.score(per_request[r], feedback[r].outputs).all()) for r in rids]
+            scored = [bool(score(component, per_request[r], feedback[r].outputs).all()) for r in rids]
             waits = [float(done[key][r] - arrived[r]) for r in rids if r in arrived]
             row = VersionRow(key[0], key[1], len(rids), float(np.mean(scored)) if scored else None, waits)
             if role == "live":

@@ -33,6 +33,7 @@ from flowserve.errors import WireError
 from flowserve.kafka.clients import make_consumer, make_producer
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.kafka.shutdown import stop_client
+from flowserve.parity.first_wins import first_wins_hooks
 from flowserve.parity.groups import Decoder, Encoder, Member, Reconstructed
 from flowserve.runtime.emit import Item
 from flowserve.runtime.hooks import BatchOutcome, HookFactory, StageContext, StageHooks
@@ -259,10 +260,11 @@ def _report(task: asyncio.Task[None]) -> None:
 
 def parity_hooks(kafka: KafkaSettings, settings: WorkerSettings | None = None) -> HookFactory:
     """The :data:`~flowserve.runtime.hooks.HookFactory` of parity: encoders in the nodes feeding protected
-    nodes, decoders in parity model nodes; nothing (and no cost) elsewhere."""
+    nodes, decoders in parity model nodes, first-wins inputs in the protected nodes' readers; nothing (and
+    no cost) elsewhere."""
 
     def factory(topology: Topology, node: Node, component: Component) -> list[StageHooks]:
-        hooks: list[StageHooks] = []
+        hooks = first_wins_hooks(topology, node, component)
         targets = targets_of(topology, node)
         if targets:
             hooks.append(EncoderHooks(targets, topology.spec.partitions))

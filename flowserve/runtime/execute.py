@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -17,7 +18,15 @@ from typing import Any
 import numpy as np
 
 from flowserve.component import Batch, Component, Result
-from flowserve.runtime.devices import device_lock
+
+_DEVICE_LOCKS: dict[str, threading.Lock] = {}
+
+
+def device_lock(device: str) -> threading.Lock | None:
+    """One batch in flight per GPU (per process): the lock of ``device``, None on the CPU."""
+    if not device.startswith("cuda"):
+        return None
+    return _DEVICE_LOCKS.setdefault(device, threading.Lock())
 
 
 class Executor:

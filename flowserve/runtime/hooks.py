@@ -1,20 +1,29 @@
 """The stage-hook seam: how features observe a worker's batches and add records of their own.
 
-A worker knows its hooks only through :class:`StageHooks`. Capture (lineage, tracing, captured ports,
-side reports) implements it today; parity and the tuner's metrics plug in the same way. Whoever builds
+A worker knows its features only through :class:`StageHooks`: capture (lineage, tracing, captured ports,
+side reports), parity (encoders, decoders, first-wins inputs), the prediction cache, learning (versions,
+held offsets) and selection each implement it. Whoever builds
 workers (the command line, a host, a bench) passes a :data:`HookFactory`; the worker asks it once for
 the hooks of its node and pays nothing when there are none.
 
 Per step the worker calls, in order:
 
-1. :meth:`StageHooks.begin` before a batch's ``process`` (it may rewrite the requests' headers, e.g. a
+1. :meth:`StageHooks.admit` on the fetched records, before they are decoded: a hook may drop some (a
+   parity-protected node's readers keep a request's first output);
+2. :meth:`StageHooks.answer` before a batch's ``process``: a hook may answer requests itself (the
+   prediction cache), so ``process`` runs on the others only;
+3. :meth:`StageHooks.begin` before a batch's ``process`` (it may rewrite the requests' headers, e.g. a
    traceparent, before they are copied to the outputs);
-2. :meth:`StageHooks.end` after the batch's outputs are queued, with what ``process`` returned;
-3. :meth:`StageHooks.after_step` once per step, batch or not. Under load its answer gates the commit:
+4. :meth:`StageHooks.end` after the batch's outputs are queued, with what ``process`` returned;
+5. :meth:`StageHooks.after_step` once per step, batch or not. Under load its answer gates the commit:
    False says the hook still holds back records it owes for the batches so far (lineage being gathered
    into one record, say), so their offsets wait for a later step. With ``force`` (idle, shutdown,
    rebalance, the commit interval due) the hook must queue everything it holds: the worker commits
    after that step whatever the answer.
+
+Before each commit the worker bounds every partition's offset by :meth:`StageHooks.held_offsets` (a
+component's state still needs those records); :meth:`StageHooks.forget` says a partition's records will be
+read again (a rebalance moved it, or the worker re-reads after a failed produce).
 
 A hook writes records with :meth:`StageContext.emit`, into the worker's outbox: they are acknowledged
 with the batch's outputs, before its offsets commit (at-least-once for side records too).
@@ -24,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -35,6 +44,9 @@ if TYPE_CHECKING:
     from flowserve.runtime.emit import Item
     from flowserve.runtime.join import Ready
 
+TP = tuple[str, int]
+#: outputs, masks and errors of a batch, as ``component.read_result`` gives them
+Outcome = tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[int, str]]
 #: ``emit(topic, partition, key, value, headers)``: queue a record in the worker's outbox.
 Emit = Callable[[str, int, bytes | None, bytes, Sequence[tuple[str, bytes]]], None]
 
@@ -74,11 +86,49 @@ class BatchOutcome:
             yield rows, bool(self.errors) and any(i in self.errors for i in range(rows.start, rows.stop))
 
 
+class Answered(Protocol):
+    """What :meth:`StageHooks.answer` gives back: the requests it answered and how to merge the rest."""
+
+    @property
+    def skip(self) -> Sequence[bool]:
+        """Per request of the batch, in order: True when the hook answered it (``process`` skips it)."""
+        ...
+
+    def complete(self, sizes: Sequence[int], outputs: dict[str, np.ndarray], mask: dict[str, np.ndarray],
+                 errors: dict[int, str]) -> Outcome:
+        """The whole batch's outcome in its order (``sizes``: rows per request), from the answers and what
+        ``process`` returned for the requests not skipped (over those only, in order)."""
+        ...
+
+
 class StageHooks:
     """Base class of stage hooks: every method is a no-op until a subclass overrides it."""
 
+    #: This hook bounds commits (:meth:`held_offsets`): a component's state spans batches. Its worker does
+    #: not rewind after a failed produce (re-reading would feed that state twice): it stops instead.
+    holds_offsets: ClassVar[bool] = False
+
     def start(self, stage: StageContext) -> None:
         """Once, when the worker starts (after the component's ``setup``)."""
+
+    def admit(self, records: list[Any]) -> list[Any]:
+        """The fetched records (consumer records: topic, partition, offset, key, ...) to use, in order."""
+        return records
+
+    def forget(self, partitions: Any) -> None:
+        """The records of these partitions (``TopicPartition``s) will be read again: forget what was read."""
+
+    def answer(self, items: Sequence[Item], sizes: Sequence[int]) -> Answered | None:
+        """Before a batch's ``process``: requests this hook answers itself (None: it answers none).
+
+        Hooks are asked in order, each about the requests the ones before it left; a batch that fails as
+        a whole is retried request by request, each asked again."""
+        return None
+
+    def held_offsets(self) -> Mapping[TP, int]:
+        """Per partition, the lowest offset whose record this hook's feature still needs (commit no
+        further). Asked before each commit when :attr:`holds_offsets` is set."""
+        return {}
 
     def begin(self, items: Sequence[Item]) -> Any:
         """Before ``process`` runs on ``items``; the return value comes back to :meth:`end`.

@@ -38,7 +38,7 @@ COUNTERS = ("requests_ok", "refused", "expired", "late", "dead_lettered", "error
 #: counters of parity hooks (flowserve.parity), shown by ``flowserve stats`` where a worker reports them
 PARITY_COUNTERS = ("parity_groups", "parity_queries", "parity_abandoned", "parity_outputs", "reconstructed",
                    "parity_late_real")
-#: counters of a node's prediction cache (flowserve.runtime.cache), where its YAML asks for one
+#: counters of a node's prediction cache (flowserve.cache), where its YAML asks for one
 CACHE_COUNTERS = ("cache_hits", "cache_misses", "cache_evictions", "cache_bytes")
 
 

@@ -12,9 +12,9 @@ seeks each partition back to the first record whose outputs the broker has not a
 longer each time it fails again, and reads on from there. Outputs that were in fact written meanwhile are
 written again: at-least-once, and readers deduplicate by request id.
 
-A node whose component keeps state (``Component.keeps_state``) is not rewound: re-reading would feed its
-state the same requests twice. It raises as before, and its supervisor restarts it, which rebuilds the
-state from the offsets held back for it (:mod:`flowserve.runtime.held`).
+A worker with a hook that holds offsets back (``StageHooks.holds_offsets``: a component's state, see
+:mod:`flowserve.learning.held`) is not rewound: re-reading would feed that state the same requests twice.
+It raises as before, and its supervisor restarts it, which rebuilds the state from the offsets held back.
 """
 
 from __future__ import annotations

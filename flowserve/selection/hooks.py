@@ -17,9 +17,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flowserve.component import Component
+from flowserve.component import Component, require
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.hooks import BatchOutcome, Emit, HookFactory, StageContext, StageHooks
+from flowserve.selection.capabilities import LearnsFromFeedback
 from flowserve.selection.learner import CONTEXT_PREFIX, POSITION_KEY, Learner
 from flowserve.topology.graph import Node, Topology
 from flowserve.wire.envelope import H_NODE
@@ -45,10 +46,11 @@ class SelectionHooks(StageHooks):
         self.topology = topology
         self.node = node
         self.component = component
+        self.learning = require(component, LearnsFromFeedback, "learn from feedback (it declares 'learns')")
         self.partitions = topology.spec.partitions
         self.decisions_topic = topology.decisions_topic(node.id)
         self.state_topic = topology.state_topic(node.id)
-        self.learner = Learner(topology, node, component, kafka, window_ms=settings.window_ms,
+        self.learner = Learner(topology, node, self.learning, kafka, window_ms=settings.window_ms,
                                max_pending=settings.max_pending, restore_timeout_s=settings.restore_timeout_s)
         self._emit: Emit | None = None
         self._header = [(H_NODE, node.id.encode())]
@@ -62,7 +64,7 @@ class SelectionHooks(StageHooks):
         self._emit = stage.emit
         restored = self.learner.start()
         for context, state in restored.states.items():
-            self.component.restore_learned(context, state)
+            self.learning.restore_learned(context, state)
         self.restored_contexts = len(restored.states)
         self._mark = (restored.watermark, restored.applied_above)
 
@@ -75,10 +77,10 @@ class SelectionHooks(StageHooks):
         if not progress:
             return True
         joined = [j for p in progress for j in p.joined]
-        changed = self.component.learn(joined) if joined else set()
+        changed = self.learning.learn(joined) if joined else set()
         self.learned += len(joined)
         for context in sorted(changed):
-            self._write_state(f"{CONTEXT_PREFIX}{context}".encode(), self.component.learned_state(context))
+            self._write_state(f"{CONTEXT_PREFIX}{context}".encode(), self.learning.learned_state(context))
         mark = (progress[-1].watermark, progress[-1].applied_above)
         if changed or mark != self._mark:
             self._mark = mark
@@ -87,7 +89,7 @@ class SelectionHooks(StageHooks):
         return True
 
     def _write_decisions(self) -> None:
-        decisions = self.component.drain_decisions()
+        decisions = self.learning.drain_decisions()
         if not decisions:
             return
         emit = self._emit

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from flowserve.component import Joined
+from flowserve.selection.capabilities import Joined
 from flowserve.wire.feedback import Feedback
 
 

@@ -26,10 +26,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from flowserve.component import Component, Joined
 from flowserve.errors import FlowserveError, TopologyError, WireError
 from flowserve.kafka.clients import OVERHEAD
 from flowserve.kafka.settings import KafkaSettings
+from flowserve.selection.capabilities import Joined, LearnsFromFeedback
 from flowserve.selection.join import FeedbackJoin
 from flowserve.topology import names
 from flowserve.topology.graph import Node, Topology
@@ -79,7 +79,7 @@ def read_state_value(key: bytes | None, value: bytes | None, into: Restored) -> 
         into.states[text[len(CONTEXT_PREFIX):]] = doc
 
 
-def answer_topics(topology: Topology, node: Node, component: Component) -> dict[str, str]:
+def answer_topics(topology: Topology, node: Node, component: LearnsFromFeedback) -> dict[str, str]:
     """``node.port`` -> topic of each answer the component's decisions name; each must be a topic."""
     owned = set(topology.topics())
     out: dict[str, str] = {}
@@ -97,7 +97,7 @@ def answer_topics(topology: Topology, node: Node, component: Component) -> dict[
 class Learner:
     """Restores a learning node's state and joins feedback to its decisions, in a thread of its own."""
 
-    def __init__(self, topology: Topology, node: Node, component: Component, kafka: KafkaSettings, *,
+    def __init__(self, topology: Topology, node: Node, component: LearnsFromFeedback, kafka: KafkaSettings, *,
                  window_ms: int = 600_000, max_pending: int = 100_000, restore_timeout_s: float = 60.0) -> None:
         self.topology = topology
         self.node = node

@@ -43,7 +43,7 @@ class Node:
     #: input topics where a request's first record wins and a later one is dropped as a duplicate (the
     #: outputs of a parity-protected node: a reconstructed output and the late real one; flowserve.parity).
     first_wins: frozenset[str] = frozenset()
-    #: the node's prediction cache (flowserve.runtime.cache), when its YAML asks for one
+    #: the node's prediction cache (flowserve.cache), when its YAML asks for one
     cache: CacheSpec | None = None
 
     @property

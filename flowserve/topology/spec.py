@@ -151,7 +151,7 @@ class BatchingSpec(_Strict):
 
 
 class CacheSpec(_Strict):
-    """A prediction cache (flowserve.runtime.cache): outputs kept by a hash of the inputs and the version.
+    """A prediction cache (flowserve.cache): outputs kept by a hash of the inputs and the version.
 
     On a node: the worker answers a repeated input without ``process``. At the top level: the gateway
     answers a repeated request without a Kafka round trip. Only for outputs that are a function of the

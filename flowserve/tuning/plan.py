@@ -44,6 +44,7 @@ from flowserve.topology.graph import Topology, compile_spec
 from flowserve.topology.spec import BatchingSpec
 from flowserve.tuning import curves
 from flowserve.tuning.bounds import Bounds, required_stages  # noqa: F401 - required_stages: re-exported
+from flowserve.tuning.capabilities import latency_table, route_fractions
 from flowserve.tuning.documents import read_document
 from flowserve.tuning.simulate import SimResult, SimStage, batch_time, simulate
 from flowserve.tuning.stages import StageConfig, StageOptions
@@ -110,7 +111,7 @@ def stage_options(topology: Topology) -> list[StageOptions]:
     outputs = {src.node for src in topology.outputs.values()}
 
     def tables_of(node_id: str, component: Component) -> dict[str, dict[int, float]]:
-        tables = {kind: t for kind in hw.HARDWARE if (t := component.latency_table(kind))}
+        tables = {kind: t for kind in hw.HARDWARE if (t := latency_table(component, kind))}
         if not tables:
             entry = profiles.get(node_id, {})
             measured = {int(k): float(v) for k, v in (entry.get("p50_s") or {}).items()}
@@ -128,7 +129,7 @@ def stage_options(topology: Topology) -> list[StageOptions]:
         else:
             tables = tables_of(node_id, component)
         inputs = [(src.node, src.tensor) for src in node.sources]
-        options.append(StageOptions(node_id, tables, inputs, node.join.type, component.route_fractions(),
+        options.append(StageOptions(node_id, tables, inputs, node.join.type, route_fractions(component),
                                     node_id in outputs))
     return options
 
@@ -379,11 +380,23 @@ def build_plan(topology: Topology, options: Sequence[StageOptions], config: dict
     partitions = partitions_for(config, topology.spec.partitions, headroom)
     predicted = {"p50_ms": result.percentile(50) * 1000, "p99_ms": result.percentile(99) * 1000,
                  "attainment": result.attainment(slo_ms / 1000), "cost_per_hour": cost(config, prices),
-                 "utilisation": {k: round(s.utilisation, 3) for k, s in result.stages.items()}}
+                 "utilisation": {k: round(s.utilisation, 3) for k, s in result.stages.items()},
+                 "stage_p99_ms": stage_p99_ms(options, config, result, overhead_ms)}
     # InferLine starts the envelope's windows at the system's service time: here the slowest stage's batch
     service = max(batch_time(o.tables[config[o.id].hardware], config[o.id].max_batch) for o in options)
     return Plan(topology.name, slo_ms, partitions, hop_ms, config, predicted, overhead_ms,
                 planned_envelope(arrivals, service + overhead_ms / 1000), dict(fuse or {}), dict(fusion or {}))
+
+
+def stage_p99_ms(options: Sequence[StageOptions], config: dict[str, StageConfig], result: SimResult,
+                 overhead_ms: float) -> dict[str, float]:
+    """Per stage, what a request spent there at the simulated p99: its wait for a consumer plus a batch's
+    time and overhead. The tuner splits half the SLO in these proportions
+    (:func:`flowserve.tuning.targets.targets_from_plan`)."""
+    return {o.id: round((result.stages[o.id].p99_wait_s
+                         + batch_time(o.tables[config[o.id].hardware], config[o.id].max_batch)) * 1000
+                        + overhead_ms, 3)
+            for o in options if o.id in result.stages}
 
 
 def planned_envelope(arrivals: np.ndarray, shortest_s: float) -> list[tuple[float, int]]:

@@ -44,10 +44,9 @@ from flowserve.errors import BrokerError, ErrorKind, FlowserveError
 from flowserve.kafka.lag import LagReader
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology.graph import Topology
-from flowserve.tuning.capacity import safe_rate
 from flowserve.tuning.curves import TokenBucket, envelope, max_arrivals
 from flowserve.tuning.partitions import PartitionGrowth
-from flowserve.tuning.plan import Plan, StageOptions, stage_options
+from flowserve.tuning.plan import Plan, stage_options
 from flowserve.tuning.rules import (
     RULES,
     StageTarget,
@@ -57,7 +56,7 @@ from flowserve.tuning.rules import (
     relative_consumers,
 )
 from flowserve.tuning.scalers import Scaler
-from flowserve.tuning.simulate import batch_time
+from flowserve.tuning.targets import targets_from_plan
 
 log = logging.getLogger("flowserve.tuner")
 
@@ -109,7 +108,7 @@ class Controller:
 
     def count(self, live: np.ndarray, window: float) -> int:
         """The most of the ``live`` arrivals in any window of ``window`` seconds (the simulated cluster of
-        flowserve.bench.tuner_sim answers it from an index over its whole trace, the same figure faster)."""
+        flowserve_bench.tuner_sim answers it from an index over its whole trace, the same figure faster)."""
         return max_arrivals(live, window)
 
     def _live(self, now: float) -> np.ndarray:
@@ -201,54 +200,6 @@ class Controller:
         if self.rule == "bound":
             return functools.partial(needed_consumers, family, t)
         return functools.partial(profiled_consumers, family, t, lag=lag)
-
-
-def targets_from_plan(options: Sequence[StageOptions], plan: Plan, *, profile: bool = True) -> list[StageTarget]:
-    """Per stage: the plan's batch and its batch time, an SLO share (that batch time plus a part of what the
-    SLO leaves after hops and batch times), the stage's share of the traffic, and (``profile``) one
-    consumer's safe rate within its SLO share (:func:`~flowserve.tuning.capacity.safe_rate`)."""
-    share: dict[str, float] = {}
-    for o in options:  # topological order
-        parts = []
-        for src, port in o.inputs:
-            if src is None:
-                parts.append(1.0)
-            else:
-                up = next(x for x in options if x.id == src)
-                parts.append(share[src] * up.fractions.get(port, 1.0))
-        share[o.id] = (sum(parts) if o.join == "any" else min(parts)) if parts else 1.0
-    # a batch costs its device time plus the plan's per-batch overhead (poll, decode, produce): a target
-    # without it counts a small-batch stage as faster than it is and leaves it saturated
-    overhead_s = plan.overhead_ms / 1000
-    times = {o.id: batch_time(o.tables[plan.stages[o.id].hardware], plan.stages[o.id].max_batch) + overhead_s
-             for o in options}
-    # a request crosses the stages of one path, not all of them: parallel branches (a fan-out and its join)
-    # share the SLO's time instead of adding to it (summed, video-monitoring's four stages left no slack)
-    total, stages = critical_path(options, times)
-    slack = max(0.0, plan.slo_ms / 1000 - plan.hop_ms / 1000 * (stages + 1) - total)
-    # the queueing slack: half in equal parts, so a sub-millisecond stage has room for the bursts a produce
-    # batch makes; half in proportion to batch time, as a stage waits about one batch for the batch in
-    # progress (equal parts alone left a 140 ms classifier with a share its p99 could not keep at the
-    # plan's own consumers)
-    out = []
-    for o in options:
-        cfg = plan.stages[o.id]
-        slo_share = times[o.id] + slack / 2 / max(1, stages) + slack / 2 * times[o.id] / (total or 1.0)
-        rate = (safe_rate(tuple(sorted(o.tables[cfg.hardware].items())), cfg.max_batch, slo_share,
-                          overhead_s=overhead_s) if profile else 0.0)
-        out.append(StageTarget(o.id, cfg.max_batch, times[o.id], slo_share, share[o.id], plan.partitions,
-                               cfg.consumers, rate))
-    return out
-
-
-def critical_path(options: Sequence[StageOptions], times: dict[str, float]) -> tuple[float, int]:
-    """The longest path's batch times and its number of stages (``options`` in topological order)."""
-    longest: dict[str, tuple[float, int]] = {}
-    for o in options:
-        ups = [longest[src] for src, _ in o.inputs if src is not None and src in longest]
-        before = max(ups, default=(0.0, 0))
-        longest[o.id] = (before[0] + times[o.id], before[1] + 1)
-    return max(longest.values(), default=(0.0, 0))
 
 
 async def tail_arrivals(kafka: KafkaSettings, topic: str, partitions: int | range,

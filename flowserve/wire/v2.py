@@ -19,6 +19,8 @@ bytes and raises only :class:`~flowserve.errors.WireError`::
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import struct
@@ -81,6 +83,8 @@ def tensor_from_v2(spec: Mapping[str, Any]) -> tuple[str, np.ndarray]:
         raise WireError(f"input '{name}': shape {shape} needs {expected} values, 'data' has {len(flat)}")
     try:
         if datatype == "BYTES":
+            if _content_type(spec) == "base64":  # MLServer's codec: binary bytes survive JSON as base64
+                flat = _unbase64(name, flat)
             try:
                 array = as_bytes_array(np.array(flat, dtype=object)).reshape(shape)
             except WireError as exc:
@@ -104,6 +108,19 @@ def tensor_from_v2(spec: Mapping[str, Any]) -> tuple[str, np.ndarray]:
     except (ValueError, TypeError, OverflowError) as exc:
         raise WireError(f"input '{name}': data does not fit {datatype}: {exc}") from exc
     return name, array
+
+
+def _content_type(spec: Mapping[str, Any]) -> str | None:
+    parameters = spec.get("parameters")
+    return parameters.get("content_type") if isinstance(parameters, Mapping) else None
+
+
+def _unbase64(name: str, flat: list[Any]) -> list[bytes]:
+    """The elements of a BYTES tensor sent with ``parameters.content_type: base64``, decoded."""
+    try:
+        return [base64.b64decode(v, validate=True) for v in flat]
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise WireError(f"input '{name}': content_type base64, but an element is not base64: {exc}") from None
 
 
 def tensor_to_v2(name: str, array: np.ndarray) -> dict[str, Any]:

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from flowserve.bench.batching import CAPS, MAX_BATCH, POLICIES, STATICS, _topology_text
-from flowserve.bench.batching_capacity import REPEATS, keeps_up, median_p99, probe_rate, sustainable_rates
 from flowserve.runtime.batching import FixedPolicy, make_policy
 from flowserve.topology import load_topology_text
+from flowserve_bench.batching import CAPS, MAX_BATCH, POLICIES, STATICS, topology_text
+from flowserve_bench.batching_capacity import REPEATS, keeps_up, median_p99, probe_rate, sustainable_rates
 
 SLO = 100.0
 
@@ -27,7 +27,7 @@ def test_the_statics_span_adaptives_range_up_to_its_cap() -> None:
     assert CAPS["adaptive"] is None  # the component's own max_batch, 256
     assert CAPS[f"static-{MAX_BATCH}"] == MAX_BATCH
     label = f"static-{MAX_BATCH}"
-    topology = load_topology_text(_topology_text("s", POLICIES[label], CAPS[label]))
+    topology = load_topology_text(topology_text("s", POLICIES[label], CAPS[label]))
     assert topology.nodes["model"].max_batch == MAX_BATCH
     policy = make_policy(topology, "model")  # what its worker runs: batches of up to 256
     assert isinstance(policy, FixedPolicy) and policy.size == MAX_BATCH

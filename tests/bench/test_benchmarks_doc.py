@@ -23,8 +23,8 @@ def test_the_page_is_what_the_results_render_to() -> None:
         "docs/benchmarks.md is out of date: run python benchmarks/render.py")
 
 
-def test_the_page_stays_under_400_lines() -> None:
-    assert (REPO / "docs" / "benchmarks.md").read_text().count("\n") < 400
+def test_the_page_stays_under_420_lines() -> None:
+    assert (REPO / "docs" / "benchmarks.md").read_text().count("\n") < 420
 
 
 def test_a_missed_target_and_the_tables_show(tmp_path: Path) -> None:

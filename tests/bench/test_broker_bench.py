@@ -1,4 +1,4 @@
-"""The broker bench's report: ratios to the baseline with intervals, and its target (flowserve.bench.default_broker)."""
+"""The broker bench's report: ratios to the baseline with intervals, and its target (flowserve_bench.default_broker)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from flowserve.bench.default_broker import KINDS, _report, _Side
-from flowserve.bench.paired import Slice
 from flowserve.kafka.brokers import Broker, EmbeddedBroker
+from flowserve_bench.default_broker import KINDS, _report, _Side
+from flowserve_bench.paired import Slice
 
 LEVELS = (1, 8)
 

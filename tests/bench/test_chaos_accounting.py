@@ -8,11 +8,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from flowserve.bench.chaos import async_outcomes
-from flowserve.bench.chaos_account import Callers, account, expected_row
-from flowserve.bench.chaos_audit import TopicAudit
 from flowserve.errors import BrokerError
 from flowserve.kafka.replies import Reply
+from flowserve_bench.chaos import async_outcomes
+from flowserve_bench.chaos_account import Callers, account, expected_row
+from flowserve_bench.chaos_audit import TopicAudit
 
 BOUNDED = {"worker model[0]": {"max_mib": 80.0, "middle_mib": 80.0, "last_mib": 80.0, "samples": 9, "bounded": True}}
 

@@ -1,4 +1,4 @@
-"""The KEDA + HPA baseline of ``flowserve bench tuner`` (flowserve.bench.keda): replicas against sequences
+"""The KEDA + HPA baseline of ``flowserve bench tuner`` (flowserve_bench.keda): replicas against sequences
 computed by hand from KEDA's and the HPA's rules, the lagThreshold derivation it shares with ``flowserve
 deploy render`` (flowserve.deploy.keda), and the bench's targets on rows whose answers are known."""
 
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from flowserve.bench import keda as bench_keda
-from flowserve.bench.keda import PRESETS, KedaAutoscaler, autoscalers, preset
-from flowserve.bench.tuner_report import tuner_targets
 from flowserve.deploy import keda as deploy_keda
 from flowserve.deploy.keda import DEFAULT_LAG_THRESHOLD, lag_threshold, lag_thresholds, path_stages, slo_shares
 from flowserve.errors import FlowserveError
 from flowserve.topology.graph import load_topology, load_topology_text
 from flowserve.tuning.plan import Plan, StageConfig
+from flowserve_bench import keda as bench_keda
+from flowserve_bench.keda import PRESETS, KedaAutoscaler, autoscalers, preset
+from flowserve_bench.tuner_report import tuner_targets
 
 ROOT = Path(__file__).parents[2]
 IDENTITY = "component: flowserve.builtin:Identity, params: {ports: {x: {datatype: FP32, shape: [-1, 4]}}}"

@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from flowserve.bench import learn_cache, learn_selection
-from flowserve.bench.learn_cache import CacheSlice
-from flowserve.bench.learn_continual import Phase, holdout_split, paired_gap, recovered, shadow_decision
-from flowserve.bench.learn_selection import NO_ANSWER, NOT_READ
 from flowserve.kafka.replies import Reply
+from flowserve_bench import learn_cache, learn_selection
+from flowserve_bench.learn_cache import CacheSlice
+from flowserve_bench.learn_continual import Phase, holdout_split, paired_gap, recovered, shadow_decision
+from flowserve_bench.learn_selection import NO_ANSWER, NOT_READ
 
 # --- learn-cache -----------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The statistics of interleaved-slice comparisons (flowserve.bench.paired)."""
+"""The statistics of interleaved-slice comparisons (flowserve_bench.paired)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from flowserve.bench.paired import (
+from flowserve_bench.paired import (
     Slice,
     balanced_order,
     block_members,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowserve.bench.parity import CALL_TIMEOUT_MS, SliceTally, decide_targets, scenario_figures, stall_schedule
 from flowserve.kafka.replies import Reply
 from flowserve.wire.envelope import H_RECONSTRUCTED
+from flowserve_bench.parity import CALL_TIMEOUT_MS, SliceTally, decide_targets, scenario_figures, stall_schedule
 
 
 def _reply(label: int | None, *, error: str | None = None, rebuilt: bool = False) -> Reply:

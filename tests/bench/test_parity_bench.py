@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from flowserve.bench.parity import parity_bench, protected_node, topology_text
 from flowserve.errors import FlowserveError
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology import load_topology_text
+from flowserve_bench.parity import parity_bench, protected_node, topology_text
 
 
 @pytest.mark.parametrize("stage", ["digits", "emulated"])

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from flowserve.bench.plot import DRAWERS, plot_result
 from flowserve.cli import build_parser
+from flowserve_bench.plot import DRAWERS, plot_result
 
 pytest.importorskip("matplotlib")
 
@@ -16,7 +16,7 @@ BATCHING_POLICIES = ("static-1", "static-8", "static-32", "timeout-32/10ms", "ad
 
 
 def _batching_cell(arrival: str, load: float) -> dict[str, Any]:
-    """One cell of ``flowserve.bench.batching``'s result (values made up)."""
+    """One cell of ``flowserve_bench.batching``'s result (values made up)."""
     policies = {p: {"attainment": 0.99 - 0.1 * load * i, "interval": [0.98 - 0.1 * load * i, 1.0 - 0.1 * load * i],
                     "sent": 600, "outcomes": {"within": 590, "late": 10, "refused": 0, "deadline": 0, "failed": 0,
                                               "lost": 0},
@@ -99,7 +99,7 @@ RESULTS = {
                                   for label, r in (("default", 0.95), ("tansu", 0.6))},
         "targets": {"default_ge_0_8x_kafka": True}},
     **LEARN,
-    # ``flowserve bench learn`` (flowserve.bench._learn): each part under its key, its targets taken out
+    # ``flowserve bench learn`` (flowserve_bench._learn): each part under its key, its targets taken out
     "learn": {"workload": "learn", "targets": {}} | {
         part: {k: v for k, v in LEARN[f"learn-{part}"].items() if k != "targets"}
         for part in ("cache", "selection", "ensemble", "continual")},
@@ -162,20 +162,3 @@ def test_every_bench_workload_has_its_plot_and_takes_plot() -> None:
     workloads = next(a for a in sub.choices["bench"]._actions if a.dest == "workload").choices
     assert set(workloads) <= set(DRAWERS)
     assert parser.parse_args(["bench", "latency", "--plot", "x.png"]).plot == "x.png"
-
-
-def test_the_plan_plot_draws_the_envelope_against_the_planned_curves(tmp_path: Path) -> None:
-    import numpy as np
-
-    from flowserve.bench.plot import plot_plan
-    from flowserve.tuning import curves
-
-    arrivals = np.sort(np.random.default_rng(1).uniform(0, 60, 1800))
-    stages = {"pre": curves.service_curve(1, 1, 0.001), "model": curves.service_curve(2, 8, 0.040)}
-    path = tmp_path / "plan.png"
-    fig = plot_plan(curves.envelope(arrivals, 0.001), stages, 0.25, path, title="t:")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    (ax,) = fig.axes
-    assert ax.get_xlabel() and ax.get_ylabel() and "delay bound" in ax.get_title()
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert any(label.startswith("end to end: R=400/s") for label in labels) and "SLO 250 ms" in labels

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from flowserve.bench.procs import jit_cpu, listener_pids
+from flowserve_bench.procs import jit_cpu, listener_pids
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowserve.bench.scale import Burn
 from flowserve.cli import build_parser
+from flowserve_bench import graphs
+from flowserve_bench.scale import CPU_TOPOLOGY, EMULATED_TOPOLOGY, Burn
 
 
 def test_burn_passes_rows_through() -> None:
@@ -18,13 +19,9 @@ def test_bench_scale_is_a_workload() -> None:
     assert (args.workload, args.rounds, args.slice_seconds) == ("scale", 2, 1.0)
 
 
-def test_both_halves_deploy_valid_topologies(tmp_path) -> None:  # noqa: ANN001
-    from flowserve.bench.scale import _CPU_TOPOLOGY, _EMULATED_TOPOLOGY
-    from flowserve.topology import load_topology
-
-    for i, template in enumerate((_CPU_TOPOLOGY, _EMULATED_TOPOLOGY)):
-        path = tmp_path / f"t{i}.yaml"
-        path.write_text(template.format(name=f"scale-{i}", replicas=8))
-        topology = load_topology(path)
+def test_both_halves_deploy_valid_topologies() -> None:
+    for i, file in enumerate((CPU_TOPOLOGY, EMULATED_TOPOLOGY)):
+        topology = graphs.load(file, f"scale-{i}", {"nodes.stage.replicas": 8})
+        assert topology.name == f"scale-{i}"
         assert topology.nodes["stage"].replicas == 8
         assert topology.spec.partitions == 8

@@ -8,9 +8,16 @@ from pathlib import Path
 
 import numpy as np
 
-from flowserve.bench.keda import PRESETS, KedaAutoscaler
-from flowserve.bench.tuner import _simulated_twin
-from flowserve.bench.tuner_contenders import (
+from flowserve.topology.graph import load_topology
+from flowserve.tuning.cluster import Cluster, Replicas
+from flowserve.tuning.plan import make_plan, stage_options
+from flowserve.tuning.rules import StageTarget
+from flowserve.tuning.simulate import SimStage
+from flowserve.tuning.traces import Trace, generate
+from flowserve.tuning.tuner import Controller
+from flowserve_bench.keda import PRESETS, KedaAutoscaler
+from flowserve_bench.tuner import _simulated_twin
+from flowserve_bench.tuner_contenders import (
     IndexedController,
     SimSettings,
     drive_keda,
@@ -19,14 +26,7 @@ from flowserve.bench.tuner_contenders import (
     run_static,
     run_tuner,
 )
-from flowserve.bench.tuner_sim import simulated_targets, summary, total_consumers
-from flowserve.topology.graph import load_topology
-from flowserve.tuning.cluster import Cluster, Replicas
-from flowserve.tuning.plan import make_plan, stage_options
-from flowserve.tuning.rules import StageTarget
-from flowserve.tuning.simulate import SimStage
-from flowserve.tuning.traces import Trace, generate
-from flowserve.tuning.tuner import Controller
+from flowserve_bench.tuner_sim import simulated_targets, summary, total_consumers
 
 ROOT = Path(__file__).parents[2]
 # the lag sequence of tests/bench/test_keda.py's STEP, one HPA sync every 15 s

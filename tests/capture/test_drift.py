@@ -183,7 +183,7 @@ def test_windows_beyond_max_pending_are_skipped_not_queued() -> None:
 @pytest.mark.parametrize(("n_ref", "n", "tied"), [(1000, 100, True), (300, 100, False), (50, 120, False),
                                                   (200, 37, True)])
 def test_ks_feature_scores_equal_scipy_per_feature(n_ref: int, n: int, tied: bool) -> None:
-    from flowserve_components.drift import ks_feature_scores
+    from flowserve_components.drift_ks import ks_feature_scores
 
     rng = np.random.default_rng(n_ref + n)
     if tied:  # pixel-like: few distinct values, many ties within and across the samples
@@ -202,10 +202,10 @@ def test_ks_feature_scores_equal_scipy_per_feature(n_ref: int, n: int, tied: boo
 def test_the_ks_detector_decides_as_alibi_detects_own() -> None:
     import alibi_detect.cd as cd
 
-    from flowserve_components.drift import _ks_detector
+    from flowserve_components.drift_ks import ks_detector
 
     ref = digits_reference().astype(np.float32)
-    ours, theirs = _ks_detector(cd)(ref, p_val=0.05), cd.KSDrift(ref, p_val=0.05)
+    ours, theirs = ks_detector(cd)(ref, p_val=0.05), cd.KSDrift(ref, p_val=0.05)
     for shift, amount in ((None, 0.0), ("noise", 0.3), ("brightness", 2.0)):
         window = _digits(100, seed=5, shift=shift, amount=amount)
         a, b = ours.predict(window)["data"], theirs.predict(window)["data"]

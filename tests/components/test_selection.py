@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flowserve.component import Batch, Joined
+from flowserve.component import Batch
 from flowserve.errors import ComponentError
+from flowserve.selection import Joined
 from flowserve_components.selection import Exp3Selector, Exp4Ensemble, probabilities
 
 ANSWERS = ["a.label", "b.label", "c.label"]

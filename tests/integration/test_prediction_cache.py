@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from pydantic import BaseModel
 
+from flowserve.cache import CacheHooks, cache_hooks
 from flowserve.client import TopologyClient
 from flowserve.client.http import AsyncHttpClient
 from flowserve.client.traffic import wait_ready
@@ -60,11 +61,11 @@ async def test_a_node_cache_answers_a_repeated_request_without_process(kafka, wr
     topology = load_topology(write_topology(NODE_CACHE))
     component = cast(Seen, topology.nodes["m"].component)
     assert type(component).__name__ == "Seen"  # imported by its dotted name: another module object
-    async with InlineHost(topology, kafka) as host, TopologyClient(topology, kafka) as client:
+    async with InlineHost(topology, kafka, hooks=cache_hooks) as host, TopologyClient(topology, kafka) as client:
         await wait_ready(client, {"x": PROBE}, timeout_s=120)
         worker = host.workers[0]
-        assert worker.cache is not None
-        before = worker.cache.counters()["cache_hits"]
+        (cache,) = [h for h in worker.hooks if isinstance(h, CacheHooks)]  # attached by its hook factory
+        before = cache.counters()["cache_hits"]
         first = await client.call({"x": A}, timeout_ms=30_000)
         second = await client.call({"x": A}, timeout_ms=30_000)
         assert first.error is None and second.error is None
@@ -72,7 +73,7 @@ async def test_a_node_cache_answers_a_repeated_request_without_process(kafka, wr
         np.testing.assert_array_equal(second.tensors["y"], first.tensors["y"])
         assert second.request_id != first.request_id
         assert component.times(A) == 1
-        assert worker.cache.counters()["cache_hits"] == before + 1
+        assert cache.counters()["cache_hits"] == before + 1
 
         # One batch of hits and misses (queued together): answers in place, only the misses processed.
         futures = {}

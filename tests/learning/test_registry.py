@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flowserve.component import Component, Port
-from flowserve.errors import ComponentError
-from flowserve.learning import BASE, Registry, RegistryError, join_training_set
+from flowserve.component import Component, Port, require
+from flowserve.errors import ComponentError, ErrorKind
+from flowserve.learning import BASE, Registry, RegistryError, Retrainable, join_training_set, score
 from flowserve.topology import names
 from flowserve.wire.feedback import Feedback
 
@@ -86,12 +86,11 @@ class _Plain(Component):
     outputs = {"label": Port("INT64", [-1])}
 
 
-def test_default_capabilities_say_what_is_missing() -> None:
-    c = _Plain()
-    assert not c.retrainable and c.model_version is None
-    with pytest.raises(ComponentError, match="cannot retrain"):
-        c.retrain({}, {})
-    with pytest.raises(ComponentError, match="cannot load registered weights"):
-        c.load_weights(b"")
-    right = c.score({"label": np.array([1, 2, 3])}, {"label": np.array([1, 0, 3])})
+def test_a_missing_capability_is_named_with_its_kind_and_outputs_are_scored_by_name() -> None:
+    c = _Plain(node="m")
+    assert not c.retrainable and c.model_version is None and not isinstance(c, Retrainable)
+    with pytest.raises(ComponentError, match="node 'm': _Plain cannot retrain: it lacks retrain, load_weights") as info:
+        require(c, Retrainable, "retrain")
+    assert info.value.kind == ErrorKind.INVALID_TOPOLOGY
+    right = score(c, {"label": np.array([1, 2, 3])}, {"label": np.array([1, 0, 3])})
     assert right.tolist() == [True, False, True]

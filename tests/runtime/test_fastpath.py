@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowserve.runtime.fastpath import decode_column
+from flowserve.runtime.intake import decode_column
 from flowserve.wire.tensors import decode_tensors, encode_tensors
 
 

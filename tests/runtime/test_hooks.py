@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from flowserve.client import TopologyClient
 from flowserve.client.traffic import wait_ready
 from flowserve.component import Component
 from flowserve.runtime.emit import Item
-from flowserve.runtime.hooks import BatchOutcome, StageContext, StageHooks, no_hooks
+from flowserve.runtime.hooks import Answered, BatchOutcome, Outcome, StageContext, StageHooks, no_hooks
 from flowserve.runtime.host import InlineHost
 from flowserve.topology import load_topology
 from flowserve.topology.graph import Node, Topology
@@ -109,3 +110,101 @@ async def test_hooks_see_every_batch_and_write_side_records(kafka, write_topolog
 
 def test_a_worker_without_hooks_has_none() -> None:
     assert no_hooks(None, None, None) == []  # type: ignore[arg-type]
+
+
+class Gate(StageHooks):
+    """Drops ``drop-`` records before decoding, answers ``ans-`` requests itself (rows of -1), and while
+    ``hold`` is set holds back every partition from the first record it admitted since."""
+
+    holds_offsets = True
+
+    def __init__(self) -> None:
+        self.dropped = 0
+        self.hold = False
+        self.held: dict[tuple[str, int], int] = {}
+
+    def admit(self, records: list[Any]) -> list[Any]:
+        if self.hold:
+            for r in records:
+                self.held.setdefault((r.topic, r.partition), r.offset)
+        kept = [r for r in records if not (r.key or b"").startswith(b"drop-")]
+        self.dropped += len(records) - len(kept)
+        return kept
+
+    def answer(self, items: Sequence[Item], sizes: Sequence[int]) -> Answered:
+        return Answer([it.ready.request_id.startswith("ans-") for it in items])
+
+    def held_offsets(self) -> dict[tuple[str, int], int]:
+        return dict(self.held) if self.hold else {}
+
+
+class Answer:
+    def __init__(self, skip: list[bool]) -> None:
+        self.skip = skip
+
+    def complete(self, sizes: Sequence[int], outputs: dict[str, np.ndarray], mask: dict[str, np.ndarray],
+                 errors: dict[int, str]) -> Outcome:
+        done = iter(np.split(outputs["x"], np.cumsum([n for n, s in zip(sizes, self.skip, strict=True)
+                                                      if not s])[:-1])) if "x" in outputs else iter(())
+        rows = [np.full((n, 4), -1, np.float32) if s else next(done) for n, s in zip(sizes, self.skip, strict=True)]
+        return {"x": np.concatenate(rows)}, mask, errors
+
+
+async def _committed(kafka: Any, group: str, topic: str) -> dict[int, int]:
+    admin = AIOKafkaAdminClient(**kafka.client_kwargs())
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
+
+
+async def _ends(kafka: Any, topic: str, partitions: int) -> dict[TopicPartition, int]:
+    consumer = AIOKafkaConsumer(group_id=None, **kafka.client_kwargs())
+    await consumer.start()
+    try:
+        return await consumer.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
+    finally:
+        await consumer.stop()
+
+
+async def _until_committed(kafka: Any, group: str, topic: str, want: dict[int, int]) -> None:
+    deadline = asyncio.get_running_loop().time() + 60
+    while (got := await _committed(kafka, group, topic)) != want:
+        assert asyncio.get_running_loop().time() < deadline, f"committed {got}, expected {want}"
+        await asyncio.sleep(0.2)  # polling the broker's record of the group, not pacing the worker
+
+
+@pytest.mark.integration
+async def test_hooks_drop_records_answer_requests_and_bound_the_commit(kafka, write_topology) -> None:
+    topology = load_topology(write_topology(TOPOLOGY))
+    gates: list[Gate] = []
+
+    def factory(t: Topology, node: Node, component: Component) -> list[StageHooks]:
+        gates.append(Gate())
+        return [gates[-1]]
+
+    group, topic = topology.group_id("add"), topology.inputs_topic
+    async with InlineHost(topology, kafka, hooks=factory), TopologyClient(topology, kafka) as client:
+        (gate,) = gates
+        await wait_ready(client, {"x": np.ones((1, 4), np.float32)})
+        gate.hold = True
+        futures = {rid: client.expect(rid) for rid in ("ans-1", "n-1", "ans-2", "n-2")}
+        for i, rid in enumerate(("ans-1", "n-1", "drop-1", "ans-2", "n-2")):
+            await client.queue({"x": np.full((1, 4), i, np.float32)}, request_id=rid)
+        await client.flush()
+        replies = dict(zip(futures, await asyncio.wait_for(asyncio.gather(*futures.values()), 60), strict=True))
+        assert {rid: r.tensors["y"][0, 0] for rid, r in replies.items()} == {"ans-1": -1, "n-1": 2, "ans-2": -1,
+                                                                             "n-2": 5}
+        assert gate.dropped == 1
+        # Held: each partition commits no further than the first record admitted since the hold began.
+        ends = await _ends(kafka, topic, topology.spec.partitions)
+        held = {p: off for (t, p), off in gate.held.items() if t == topic}
+        await _until_committed(kafka, group, topic, {tp.partition: held.get(tp.partition, end)
+                                                     for tp, end in ends.items()})
+        # Released: the next batch commits every partition, those it has no record of included.
+        gate.hold = False
+        assert (await client.call({"x": np.zeros((1, 4), np.float32)}, timeout_ms=30_000)).error is None
+        ends = await _ends(kafka, topic, topology.spec.partitions)
+        await _until_committed(kafka, group, topic, {tp.partition: end for tp, end in ends.items()})

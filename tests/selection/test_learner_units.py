@@ -6,7 +6,10 @@ import json
 
 import pytest
 
-from flowserve.errors import TopologyError
+from flowserve.component import Component
+from flowserve.errors import ComponentError, ErrorKind, TopologyError
+from flowserve.kafka.settings import KafkaSettings
+from flowserve.selection import LearnsFromFeedback, selection_hooks
 from flowserve.selection.learner import Restored, answer_topics, read_state_value
 from flowserve.topology.capture import topic_configs
 from flowserve.topology.graph import load_topology_text
@@ -58,3 +61,20 @@ def test_the_state_topic_reads_back_the_last_value_per_key_and_skips_junk() -> N
     read_state_value(None, b"{}", restored)
     assert restored.states == {"ann": {"log_weights": [0.0, -2.0]}}
     assert restored.watermark == {0: 5} and restored.applied_above == {0: [7]}
+
+
+class Mute(Component):
+    """Declares that it learns from feedback but implements none of it."""
+
+    learns = True
+
+
+def test_a_learning_node_whose_component_cannot_learn_is_refused_when_its_hooks_are_built() -> None:
+    t = load_topology_text(MERGED)
+    assert isinstance(t.nodes["select"].component, LearnsFromFeedback)
+    factory = selection_hooks(KafkaSettings(bootstrap="127.0.0.1:1"))  # refused before any connection
+    with pytest.raises(ComponentError, match="node 'm': Mute cannot learn from feedback .* it lacks "
+                                             "drain_decisions, answer_refs, learn, learned_state, "
+                                             "restore_learned") as info:
+        factory(t, t.nodes["select"], Mute(node="m"))
+    assert info.value.kind == ErrorKind.INVALID_TOPOLOGY

@@ -15,6 +15,8 @@ from flowserve.capture import capture_hooks
 from flowserve.client import TopologyClient
 from flowserve.client.traffic import wait_ready
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
+from flowserve.learning import held_hooks
+from flowserve.runtime.hooks import chain
 from flowserve.runtime.host import InlineHost
 from flowserve.topology import load_topology_text
 from flowserve.topology.graph import Topology
@@ -47,7 +49,8 @@ async def running_digits(kafka: KafkaSettings, name: str) -> AsyncIterator[Deplo
     inputs, _ = topology.sampler()(200)
     deployment = Deployment(topology, kafka)
     stop = asyncio.Event()
-    async with InlineHost(topology, kafka, WorkerSettings(metrics_interval_s=0.5), hooks=capture_hooks), \
+    hooks = chain(capture_hooks, held_hooks)  # the detector's open window holds its offsets back
+    async with InlineHost(topology, kafka, WorkerSettings(metrics_interval_s=0.5), hooks=hooks), \
             TopologyClient(topology, kafka) as client:
         await wait_ready(client, inputs[0], timeout_s=120)
 

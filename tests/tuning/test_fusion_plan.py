@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from flowserve.cli import main as cli
+from flowserve.cli.gateway import planned
+from flowserve.errors import FlowserveError
 from flowserve.topology import load_topology_text
 from flowserve.topology.fuse import Chain
 from flowserve.tuning.fusion_plan import _better, choose_fusion, fused_options, make_fused_plan
@@ -134,6 +136,18 @@ def test_a_fused_plan_round_trips_through_its_file_and_applies(tmp_path: Path, a
     options = {o.id: o for o in stage_options(applied)}
     assert set(options) == {"a-b", "c", "d"} and options["c"].inputs == [("a-b", "x")]
     assert options["a-b"].tables["cpu"][1] == pytest.approx(2 * options["c"].tables["cpu"][1])
+
+
+def test_the_gateway_applies_each_plan_to_the_topology_it_names(tmp_path: Path, arrivals: np.ndarray) -> None:
+    # flowserve gateway --plan: the gateway waits for the stages the workers run, a fused chain's among them
+    topology = load_topology_text(chain_text("abcd", {"c": ", fuse: never"}))
+    other = load_topology_text(chain_text("xy").replace("name: t", "name: u"))
+    path = save_plan(make_fused_plan(topology, arrivals, 100, hop_ms=5, overhead_ms=5), tmp_path / "t.plan.json")
+    served = planned([other, topology], [str(path)])
+    assert [t.name for t in served] == ["u", "t"]
+    assert list(served[0].nodes) == ["x", "y"] and list(served[1].nodes) == ["a-b", "c", "d"]
+    with pytest.raises(FlowserveError, match="is for topology 't', which this gateway does not serve"):
+        planned([other], [str(path)])
 
 
 def test_plan_and_simulate_commands_print_the_fusion_and_simulate_the_fused_stage(

@@ -72,6 +72,9 @@ def test_plan_for_a_topology_round_trips_and_applies(tmp_path: Path) -> None:
     assert back.stages == plan.stages and back.partitions == plan.partitions
     assert (back.hop_ms, back.overhead_ms) == (5, 2)
     assert back.envelope == plan.envelope and len(plan.envelope) >= 3  # what the tuner scales against
+    # and the SLO's split: each stage's simulated p99 there, at least its batch's overhead
+    assert set(back.predicted["stage_p99_ms"]) == set(topology.nodes)
+    assert all(v >= 2 for v in back.predicted["stage_p99_ms"].values())
     planned = apply_plan(topology, back)
     assert planned.spec.partitions == plan.partitions
     expensive = planned.spec.nodes["expensive"]

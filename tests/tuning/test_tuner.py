@@ -16,7 +16,8 @@ from flowserve.tuning.partitions import PartitionGrowth, check_growable
 from flowserve.tuning.plan import Plan, StageConfig, StageOptions, planned_envelope
 from flowserve.tuning.rules import StageTarget, needed_consumers, plan_excess, relative_consumers
 from flowserve.tuning.scalers import LocalScaler
-from flowserve.tuning.tuner import Action, Controller, apply_growth, targets_from_plan, tune
+from flowserve.tuning.targets import targets_from_plan
+from flowserve.tuning.tuner import Action, Controller, apply_growth, tune
 
 # a stage serving batches of 4 in 40 ms: 100 requests/s per consumer, 100 ms of the SLO
 TARGET = StageTarget("m", batch=4, batch_s=0.04, slo_share_s=0.1, max_consumers=6)
@@ -82,6 +83,36 @@ def test_targets_share_the_slo_and_the_traffic() -> None:
     assert 0 < targets["expensive"].safe_rate < 1 / 0.03
     assert targets["router"].safe_rate == float("inf")
     assert targets["expensive"].max_consumers == 8
+
+
+def test_a_plan_with_per_stage_p99s_splits_half_the_slo_in_their_proportions() -> None:
+    # the plan's simulation found each stage's p99 (wait, batch and overhead): half the longest path's
+    # budget (the SLO after its hops) goes in proportion to them, half as a plan without them splits it
+    options = [
+        StageOptions("split", {"k": {1: 0.01}}, [(None, "x")]),
+        StageOptions("a", {"k": {1: 0.04}}, [("split", "x")]),
+        StageOptions("b", {"k": {1: 0.02}}, [("split", "x")]),
+        StageOptions("join", {"k": {1: 0.01}}, [("a", "x"), ("b", "x")], output=True),
+    ]
+    p99s = {"split": 15.0, "a": 45.0, "b": 70.0, "join": 10.0}  # b queues longest: it is the critical path
+    plan = Plan("t", 200.0, 8, 2.0, {o.id: StageConfig("k", 1, 1) for o in options}, {"stage_p99_ms": p99s})
+    shares = {t.id: t.slo_share_s for t in targets_from_plan(options, plan, profile=False)}
+    budget = 0.2 - 0.002 * 4
+    slack = budget - 0.06  # the even split's: the longest path by batch time is split, a, join
+
+    def even(batch_s: float) -> float:
+        return batch_s + slack / 2 / 3 + slack / 2 * batch_s / 0.06
+
+    assert shares["b"] == pytest.approx((budget * 70 / 95 + even(0.02)) / 2)
+    assert shares["a"] == pytest.approx((budget * 45 / 95 + even(0.04)) / 2)
+    assert shares["split"] + shares["b"] + shares["join"] <= budget
+    # a share never falls below the stage's own batch time (its p99s overfilled the SLO)
+    tight = Plan("t", 30.0, 8, 2.0, plan.stages, {"stage_p99_ms": p99s})
+    assert {t.id: t.slo_share_s for t in targets_from_plan(options, tight, profile=False)}["a"] == pytest.approx(0.04)
+    # a plan without them (an older file) splits the slack evenly and by batch time, as before
+    older = Plan("t", 200.0, 8, 2.0, plan.stages, {"stage_p99_ms": {"a": 45.0}})
+    old_shares = {t.id: t.slo_share_s for t in targets_from_plan(options, older, profile=False)}
+    assert old_shares["a"] == pytest.approx(even(0.04))
 
 
 # the plan's trace: 64/s evenly (spacings and windows exact in binary), so a 0.25-s window held 16 arrivals

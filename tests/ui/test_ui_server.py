@@ -11,7 +11,7 @@ from ui_deploy import running_digits, until
 
 from flowserve.capture.lineage import AmbiguousRequestId, lineage
 from flowserve.cli.ui import sources
-from flowserve.runtime.faust_host import send_command
+from flowserve.control.faust_host import send_command
 from flowserve.ui import UiServer, UiSettings
 
 pytestmark = pytest.mark.integration

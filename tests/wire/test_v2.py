@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import struct
@@ -489,3 +490,17 @@ def test_response_parameters_say_an_output_was_reconstructed() -> None:
     assert doc["outputs"][0]["name"] == "label"
     plain, _ = encode_response("m", "1", "r", tensors, InferRequest("r", {}, {}))
     assert "parameters" not in json.loads(plain)
+
+
+def test_bytes_sent_as_base64_arrive_as_the_binary_they_encode() -> None:
+    # MLServer's codec (parameters.content_type: base64): a PNG's bytes survive JSON, and one request body
+    # serves both servers
+    png = b"\x89PNG\r\n\x1a\n\x00\xff\xfe"
+    spec = {"name": "image", "datatype": "BYTES", "shape": [2], "parameters": {"content_type": "base64"},
+            "data": [base64.b64encode(png).decode(), base64.b64encode(b"").decode()]}
+    name, array = tensor_from_v2(spec)
+    assert name == "image" and array.tolist() == [png, b""]
+    with pytest.raises(WireError, match="input 'image': content_type base64, but an element is not base64"):
+        tensor_from_v2({**spec, "data": ["not base64!", ""]})
+    # without the parameter, the strings are the bytes (UTF-8)
+    assert tensor_from_v2({**spec, "parameters": {}})[1][0] == base64.b64encode(png)

@@ -1,0 +1,67 @@
+"""The planner's and the tuner's workloads: ``tuner`` (live, simulated at cluster scale, or the planner's
+speed) and ``simulate`` (the simulator's p99 against live runs)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from flowserve.cli.common import console
+from flowserve.tuning.rules import RULES
+from flowserve_bench.cli.shared import Result, on_broker, workload
+
+
+def register(workloads: Any) -> None:
+    p = workload(workloads, "tuner", _tuner, summary="the tuner against static and KEDA provisioning (live, or "
+                 "--simulated at cluster scale)", description="The tuner against static provisioning and KEDA's "
+                 "Kafka scaler on live traces (and, first, the simulator against live runs); --simulated: the "
+                 "contenders at cluster scale in the simulated cluster, no broker; --part planner: how long "
+                 "planning takes, no broker.")
+    live = p.add_argument_group("live run")
+    live.add_argument("--part", choices=["tuner", "planner"],
+                      help="run one section: tuner (the live contenders alone, no simulate section), planner "
+                      "(how long planning 2,000 and 10,000 req/s takes; no broker)")
+    live.add_argument("--rate", type=float, default=30.0, help="base request rate of the traces")
+    live.add_argument("--trace-seconds", type=float, default=40.0, help="length of each trace")
+    live.add_argument("--slo-ms", type=float, default=600.0, help="end-to-end SLO")
+    live.add_argument("--rule", choices=RULES, default=RULES[0],
+                      help="the tuner contender's rule (flowserve tune --rule)")
+    live.add_argument("--sim-repeats", type=int, default=3,
+                      help="simulate section: traces replayed per pipeline (the p99 compared is over all of them)")
+    simulated = p.add_argument_group("simulated cluster (--simulated)")
+    simulated.add_argument("--simulated", action="store_true",
+                           help="static, KEDA, the tuner and a clairvoyant oracle in the simulated cluster, "
+                           "one-hour traces peaking at 2,000 req/s (no broker)")
+    simulated.add_argument("--trace", metavar="FILE", help="also run this trace file (flowserve trace record)")
+    simulated.add_argument("--pipelines", nargs="+", default=None,
+                           help="the emulated pipelines (default: all four)")
+
+    p = workload(workloads, "simulate", _simulate, summary="the simulator's p99 against live runs",
+                 description="Per emulated pipeline: plan for a Poisson trace, deploy the plan, replay traces of "
+                 "the same process open loop and compare the live p99 with the simulator's.")
+    p.add_argument("--rate", type=float, default=30.0, help="base request rate of the traces")
+    p.add_argument("--trace-seconds", type=float, default=40.0, help="length of each trace")
+    p.add_argument("--sim-repeats", type=int, default=3,
+                   help="traces replayed per pipeline (the p99 compared is over all of them)")
+
+
+def _tuner(args: argparse.Namespace) -> Result:
+    from flowserve_bench.planner_speed import planner_bench
+    from flowserve_bench.tuner import tuner_bench
+    from flowserve_bench.tuner_sim import DEFAULT_PIPELINES, simulated_bench
+
+    if args.simulated:  # the contenders in the simulated cluster: no broker
+        return simulated_bench(args.pipelines or DEFAULT_PIPELINES, trace_file=args.trace, log=console.print)
+    if args.part == "planner":  # the planner and simulator alone: no broker
+        return planner_bench(log=console.print)
+    return on_broker(args, lambda kafka: tuner_bench(kafka, rate=args.rate, seconds=args.trace_seconds,
+                                                     slo_ms=args.slo_ms, sim_rate=args.rate, only=args.part,
+                                                     rule=args.rule, sim_repeats=args.sim_repeats))
+
+
+def _simulate(args: argparse.Namespace) -> Result:
+    from flowserve_bench.tuner import tuner_bench
+
+    return on_broker(args, lambda kafka: tuner_bench(kafka, rate=args.rate, seconds=args.trace_seconds,
+                                                     sim_rate=args.rate, only="simulate",
+                                                     sim_repeats=args.sim_repeats))
