@@ -27,6 +27,9 @@ from flowserve.kafka.brokers.apache_kafka import java_available, kafka_libs_dir,
 
 SUPPORT = Path(__file__).parent / "support"
 sys.path.insert(0, str(SUPPORT))
+# Test modules name components as tests.<dir>.<module>:Class: the repository root resolves them whether pytest
+# runs as `pytest` or `python -m pytest` (only the latter puts the working directory on sys.path)
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 # Worker subprocesses import the test components too.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
 
