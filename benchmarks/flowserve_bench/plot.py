@@ -232,6 +232,43 @@ def chaos(fig: Any, result: dict[str, Any]) -> None:
                  ylabel="fault")
 
 
+def plan_objectives(fig: Any, result: dict[str, Any]) -> None:
+    """``--plot``: joules per request of the cost and energy plans per pipeline and rate, the dollars ratio
+    above each pair (flowserve bench plan-objectives)."""
+    compared = [c for c in result.get("comparisons", []) if c.get("conservative_ratio") is not None]
+    ax = fig.subplots()
+    labels = [f"{c['pipeline']}\n{c['rate']:g}/s" for c in compared]
+    xs = range(len(compared))
+    ax.bar([x - 0.2 for x in xs], [c["cost_j"] for c in compared], width=0.4, label="cost plan")
+    ax.bar([x + 0.2 for x in xs], [c["energy_j"] for c in compared], width=0.4, label="energy plan")
+    for x, c in zip(xs, compared, strict=True):
+        ax.annotate(f"${c['cost_ratio']:.2f}x", (x, max(c["cost_j"], c["energy_j"])), ha="center", va="bottom",
+                    fontsize=7)
+    ax.set_xticks(list(xs), labels, rotation=60, fontsize=7)
+    ax.legend()
+    ax.set(title="expected joules per request (energy plan's dollars / cost plan's above)",
+           xlabel="pipeline and rate", ylabel="J per request")
+
+
+def models(fig: Any, result: dict[str, Any]) -> None:
+    """``flowserve bench models`` (simulated): share answered within the SLO per load, flowserve's scheduler
+    against load-on-demand LRU, one panel per catalogue (models, Zipf s, workers)."""
+    cells: dict[str, list[dict[str, Any]]] = {}
+    for r in result.get("rows", []):
+        cells.setdefault(f"{r['models']} models, s {r['s']}, {r['workers']} workers", []).append(r)
+    rows_n = 2 if len(cells) > 3 else 1
+    axes = fig.subplots(rows_n, max(1, -(-len(cells) // rows_n)), squeeze=False).ravel()
+    for ax, (title, rows) in zip(axes, cells.items(), strict=False):
+        loads = [r["load"] for r in rows]
+        for side in ("flowserve", "lru"):
+            ax.plot(loads, [r[side]["attainment"][0] * 100 for r in rows], marker="o", label=side)
+        ax.set(title=title, xlabel="load (share of capacity)", ylabel="% within SLO")
+        ax.title.set_fontsize(8)
+        ax.xaxis.label.set_fontsize(8)
+        ax.yaxis.label.set_fontsize(8)
+    axes[0].legend()
+
+
 def numbers(fig: Any, result: dict[str, Any]) -> None:
     """Any other result: its top-level numbers as bars."""
     ax = fig.subplots()
@@ -243,6 +280,7 @@ def numbers(fig: Any, result: dict[str, Any]) -> None:
 DRAWERS: dict[str, Drawer] = {"batching": batching, "gateway": gateway, "latency": latency,
                               "passthrough": passthrough, "capture": capture, "tuner": tuner, "simulate": tuner,
                               "parity": parity, "scale": scale, "chaos": chaos, "broker": broker,
+                              "plan-objectives": plan_objectives, "models": models,
                               **plot_learning.DRAWERS}
 
 

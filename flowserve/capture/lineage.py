@@ -49,6 +49,12 @@ def expand(body: dict[str, Any], request_id: str | None = None, *, prefix: bool 
     {start_ms, batch_ms}, trace_id, span_id, error``; a per-request record (v1) is returned as it is.
     """
     version = body.get("v")
+    if body.get("energy") == 1:  # flowserve.energy's per-batch record: joules and grams per sampled request
+        return [{"kind": "energy", "request_id": rid, "node": body.get("node"),
+                 "energy": {"joules": joules, "g_co2e": grams, "rows": rows, "batch_rows": b.get("rows"),
+                            "busy_ms": b.get("busy_ms"), "meter": body.get("meter")}}
+                for b in body.get("batches", []) for rid, rows, joules, grams in b.get("requests", [])
+                if _matches(rid, request_id, prefix)]
     if version == 3:
         batches = [({"id": b.get("id"), "size": b.get("size")},
                     {"start_ms": b.get("start_ms"), "batch_ms": b.get("batch_ms")}, b.get("requests", []))
@@ -97,8 +103,9 @@ async def lineage(kafka: KafkaSettings, request_id: str, topology: str, *, prefi
         # no closing quote: the byte search also finds the ids that merely start with it
         needle = json.dumps(request_id)[:-1].encode()
         records = await reader.read([names.lineage_topic(base)], contains=needle)
-        steps = [Step(rec) for r in records if isinstance(r.body, dict)
-                 for rec in expand(r.body, request_id, prefix=True) if rec.get("node")]
+        expanded = [rec for r in records if isinstance(r.body, dict)
+                    for rec in expand(r.body, request_id, prefix=True) if rec.get("node")]
+        steps = [Step(rec) for rec in expanded if rec.get("kind") != "energy"]
         ids = {str(s.record.get("request_id")) for s in steps}
         if request_id in ids:
             steps = [s for s in steps if s.record.get("request_id") == request_id]
@@ -108,12 +115,25 @@ async def lineage(kafka: KafkaSettings, request_id: str, topology: str, *, prefi
                                      f"ids ({shown}{', ...' if len(ids) > 5 else ''}); give more characters",
                                      kind=ErrorKind.INVALID_INPUT)
         steps.sort(key=lambda s: (s.record.get("timing", {}).get("start_ms", 0), s.node))
+        _attach_energy(steps, [rec for rec in expanded if rec.get("kind") == "energy"])
         if with_tensors:
             wanted = [(str(t), int(p), int(o)) for s in steps for t, p, o in s.record.get("inputs", [])]
             found = await reader.read_at(wanted)
             for s in steps:
                 s.inputs = [found.get((str(t), int(p), int(o))) for t, p, o in s.record.get("inputs", [])]
     return steps
+
+
+def _attach_energy(steps: list[Step], energy: list[dict[str, Any]]) -> None:
+    """Each hop's energy entry (written by flowserve.energy's hook beside capture's) into its step, in order
+    per request and node."""
+    pending: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for rec in energy:
+        pending.setdefault((rec["request_id"], rec["node"]), []).append(rec["energy"])
+    for s in steps:
+        queue = pending.get((s.record.get("request_id"), s.record.get("node")))
+        if queue:
+            s.record["energy"] = queue.pop(0)
 
 
 def run_lineage(kafka: KafkaSettings, request_id: str, topology: str, *, fmt: str, prefix: str = "fs") -> int:
@@ -148,6 +168,14 @@ def run_lineage(kafka: KafkaSettings, request_id: str, topology: str, *, fmt: st
                     print(f"        {summarize(name, array)}")
         for topic, partition, port in r.get("outputs", []):
             print(f"    out {topic} p{partition} ({port})")
+        if r.get("energy"):
+            e = r["energy"]
+            print(f"    energy {e['joules']:.4g} J  {e['g_co2e']:.4g} g CO2e  ({e['rows']} of {e['batch_rows']} rows, "
+                  f"{e['meter']})")
         if r.get("error"):
             print(f"    error: {r['error']}")
+    total = [s.record["energy"] for s in steps if s.record.get("energy")]
+    if total:
+        print(f"energy {sum(e['joules'] for e in total):.4g} J  {sum(e['g_co2e'] for e in total):.4g} g CO2e "
+              f"over {len(total)} hop(s)")
     return 0

@@ -89,6 +89,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
              ("cache bytes", "cache_bytes")]  # nodes with a prediction cache (flowserve.cache)
     if any(key in row for row in rows for _, key in cache):
         cols += cache
+    energy = _energy_columns(rows, snaps)
+    cols += energy
     for title, _ in cols:
         table.add_column(title, justify="left" if title in ("node", "worker", "policy") else "right")
     for row in rows:
@@ -101,7 +103,23 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if row["age_s"] <= LIVE_AGE_S:
             live[str(row["node"])] += 1
     out.print("consumers per stage: " + ", ".join(f"{n} {c}" for n, c in live.items()))
+    if energy:
+        busy, idle = sum(r.get("energy_j", 0) for r in rows), sum(r.get("idle_j", 0) for r in rows)
+        grams = sum(r.get("co2e_g", 0) for r in rows)
+        out.print(f"energy: {busy:.4g} J serving + {idle:.4g} J idle, {grams:.4g} g CO2e (workers' lifetimes)")
     return 0
+
+
+def _energy_columns(rows: list[dict[str, Any]], snaps: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Energy counters (flowserve.energy: millijoules, micrograms) into the rows as J and g, where any
+    worker meters energy; the columns to show."""
+    if not any("energy_mj" in s.get("counters", {}) for s in snaps):
+        return []
+    for row, snap in zip(rows, snaps, strict=True):  # snapshot_rows keeps the snapshots' order
+        c = snap.get("counters", {})
+        row.update(energy_j=round(c.get("energy_mj", 0) / 1000, 3), idle_j=round(c.get("energy_idle_mj", 0) / 1000, 3),
+                   co2e_g=round(c.get("co2e_ug", 0) / 1e6, 6))
+    return [("energy J", "energy_j"), ("idle J", "idle_j"), ("CO2e g", "co2e_g")]
 
 
 def _gateway_table(model: str, snaps: list[dict[str, Any]]) -> None:

@@ -121,8 +121,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from flowserve.energy import carbon_intensity, power_watts
     from flowserve.runtime import hardware as hw
     from flowserve.tuning.fusion_plan import fused_options, make_fused_plan
+    from flowserve.tuning.objectives import plan_for_objective
     from flowserve.tuning.plan import make_plan, save_plan, sim_stages, stage_options
     from flowserve.tuning.simulate import simulate
     from flowserve.tuning.traces import load_trace
@@ -132,11 +134,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     prices = {k: h.price_per_hour for k, h in hw.HARDWARE.items()}
     if args.hardware:
         prices = _read_prices(args.hardware)
+    g_per_kwh = carbon_intensity(args.carbon_g_per_kwh, args.carbon_region)
     planner = make_plan if args.no_fuse else make_fused_plan
     with err.status("planning (simulating candidate configurations)…"):
-        plan = planner(topology, trace.arrivals, args.slo_ms, hop_ms=args.hop_ms, overhead_ms=args.overhead_ms,
-                       prices=prices, headroom=args.headroom, seed=args.seed,
-                       log=(lambda m: err.print(m)) if args.verbose else None)
+        plan = plan_for_objective(
+            args.objective, lambda priced: planner(
+                topology, trace.arrivals, args.slo_ms, hop_ms=args.hop_ms, overhead_ms=args.overhead_ms,
+                prices=priced, headroom=args.headroom, seed=args.seed,
+                log=(lambda m: err.print(m)) if args.verbose else None),
+            trace.arrivals, dollars=prices, watts=power_watts(), g_per_kwh=g_per_kwh)
     target = Path(args.out) if args.out else Path(args.topology).with_suffix(".plan.json")
     save_plan(plan, target)
     options = fused_options(stage_options(topology), plan.fuse)
@@ -145,7 +151,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                       seed=args.seed)
     out.print(_stage_table(f"{topology.name}: plan for p99 <= {args.slo_ms:g} ms -> {target}", plan, result.stages))
     p = plan.predicted
-    out.print(f"predicted p99 {p['p99_ms']:.1f} ms  cost ${p['cost_per_hour']:.3f}/h  partitions {plan.partitions}")
+    out.print(f"predicted p99 {p['p99_ms']:.1f} ms  cost ${p['cost_per_hour']:.3f}/h  partitions {plan.partitions}  "
+              f"energy {p['joules_per_request']:.4g} J/request  {p['g_co2e_per_request']:.4g} g CO2e/request "
+              f"(objective: {args.objective})")
     _print_fusion(plan)
     if args.plot:
         from flowserve.tuning.plan import service_curves
@@ -166,8 +174,10 @@ def _print_fusion(plan: Any) -> None:
     if not fusion:
         return
     unfused = fusion.get("unfused", {})
-    if "cost_per_hour" in unfused:
-        out.print(f"unfused: ${unfused['cost_per_hour']:.3f}/h, p99 {unfused['p99_ms']:.1f} ms")
+    if "cost_per_hour" in unfused:  # in the objective's unit: dollars, joules or grams per hour
+        unit = plan.predicted.get("priced_in", "$")
+        price = f"${unfused['cost_per_hour']:.3f}" if unit == "$" else f"{unfused['cost_per_hour']:.4g} {unit}"
+        out.print(f"unfused: {price}/h, p99 {unfused['p99_ms']:.1f} ms")
     for name, chain in fusion.get("chains", {}).items():
         out.print(f"fused {name} = {' -> '.join(chain['members'])} on {chain['hardware']}: {chain['why']}")
     if not fusion.get("chains"):
@@ -241,6 +251,11 @@ def register(sub: Any) -> None:
     p.add_argument("--trace", required=True)
     p.add_argument("--slo-ms", type=float, required=True)
     p.add_argument("--hardware", help="JSON {kind: price per hour} to plan with (default: the built-in kinds)")
+    p.add_argument("--objective", choices=["cost", "energy", "carbon"], default="cost",
+                   help="minimise dollars, or joules or grams CO2e per request (the search priced by each kind's "
+                        "watts, flowserve.energy.POWER); the plan records all three (docs/energy.md)")
+    p.add_argument("--carbon-g-per-kwh", type=float, help="grams CO2e per kWh (default: --carbon-region's)")
+    p.add_argument("--carbon-region", help="a region of flowserve.energy.REGIONS (default: world)")
     p.add_argument("--hop-ms", type=float, default=5.0, help="per-hop Kafka latency measured on the target")
     p.add_argument("--overhead-ms", type=float, default=5.0,
                    help="what a worker spends per batch besides the device, measured on the target at saturation "

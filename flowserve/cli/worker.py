@@ -24,6 +24,10 @@ def register(sub: Any) -> None:
     p.add_argument("--host", choices=["faust", "asyncio"], default="faust",
                    help="process host: faust (control-topic agent, lifecycle) or a bare asyncio loop")
     p.add_argument("--plan", help="apply a plan file (flowserve plan): batch and hardware of this node")
+    p.add_argument("--energy", action="store_true", default=None,
+                   help="meter each batch's energy and carbon (default: FLOWSERVE_ENERGY_ENABLED; docs/energy.md)")
+    p.add_argument("--carbon-g-per-kwh", type=float, help="grams CO2e per kWh (default: --carbon-region's)")
+    p.add_argument("--carbon-region", help="a region of flowserve.energy.power.REGIONS (default: world)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_worker)
 
@@ -39,6 +43,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # the worker, its hosts and the features it attaches bring aiokafka, faust and the features' stacks
     from flowserve.cache import cache_hooks
     from flowserve.capture import capture_hooks
+    from flowserve.energy import EnergySettings, energy_hooks
     from flowserve.learning import held_hooks, version_hooks
     from flowserve.parity import parity_hooks
     from flowserve.runtime.eventloop import run
@@ -59,7 +64,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     watch_parent()  # a worker whose host was killed outright stops itself
     kafka = common.kafka(args.broker)
     hooks = chain(cache_hooks, held_hooks, capture_hooks, parity_hooks(kafka, settings), selection_hooks(kafka),
-                  version_hooks(kafka, settings))
+                  version_hooks(kafka, settings), energy_hooks(EnergySettings.from_env(
+                      enabled=args.energy, carbon_g_per_kwh=args.carbon_g_per_kwh, region=args.carbon_region)))
     if args.host == "faust":
         from flowserve.control.faust_host import run_worker  # faust: only for the faust host
 

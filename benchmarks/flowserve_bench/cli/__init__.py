@@ -16,7 +16,7 @@ from typing import Any
 
 from flowserve.cli import common
 from flowserve.cli.common import console
-from flowserve_bench.cli import features, transport, tuning
+from flowserve_bench.cli import features, models, transport, tuning
 from flowserve_bench.plot import plot_result
 from flowserve_bench.results import save
 
@@ -29,8 +29,9 @@ def register(sub: Any) -> None:
     # the same workloads as flowserve_bench.WORKLOADS, which benchmarks/render.py reads (tests/bench/test_cli.py)
     workloads = p.add_subparsers(dest="workload", required=True, metavar="WORKLOAD")
     transport.register(workloads)  # passthrough, latency, gateway, broker, scale, capture, batching
-    tuning.register(workloads)  # tuner, simulate
+    tuning.register(workloads)  # tuner, simulate, plan-objectives
     features.register(workloads)  # parity, learn, learn-*, chaos
+    models.register(workloads)  # models (simulated)
     p.set_defaults(func=cmd_bench)
 
 

@@ -1,5 +1,6 @@
 """The planner's and the tuner's workloads: ``tuner`` (live, simulated at cluster scale, or the planner's
-speed) and ``simulate`` (the simulator's p99 against live runs)."""
+speed), ``simulate`` (the simulator's p99 against live runs) and ``plan-objectives`` (the planner's cost,
+energy and carbon objectives)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,25 @@ def register(workloads: Any) -> None:
     p.add_argument("--trace-seconds", type=float, default=40.0, help="length of each trace")
     p.add_argument("--sim-repeats", type=int, default=3,
                    help="traces replayed per pipeline (the p99 compared is over all of them)")
+
+    p = workload(workloads, "plan-objectives", _plan_objectives, broker=False,
+                 summary="the planner's cost, energy and carbon objectives side by side (no broker)",
+                 description="Per emulated pipeline and rate: plan a Poisson trace for each objective (flowserve "
+                 "plan --objective cost|energy|carbon --no-fuse), simulate each plan over fresh traces, and show "
+                 "its dollars per hour, joules and grams CO2e per request side by side.")
+    p.add_argument("--rates", type=float, nargs="+", default=[100.0, 1000.0, 3000.0],
+                   help="request rates of the traces")
+    p.add_argument("--trace-seconds", type=float, default=30.0, help="length of each trace")
+    p.add_argument("--repeats", type=int, default=3, help="fresh traces each plan is simulated over")
+    p.add_argument("--carbon-g-per-kwh", type=float, help="grams CO2e per kWh (default: --carbon-region's)")
+    p.add_argument("--carbon-region", help="a region of flowserve.energy.REGIONS (default: world)")
+
+
+def _plan_objectives(args: argparse.Namespace) -> Result:
+    from flowserve_bench.plan_objectives import plan_objectives_bench
+
+    return plan_objectives_bench(rates=args.rates, seconds=args.trace_seconds, repeats=args.repeats,
+                                 g_per_kwh=args.carbon_g_per_kwh, region=args.carbon_region, log=console.print)
 
 
 def _tuner(args: argparse.Namespace) -> Result:

@@ -1,0 +1,34 @@
+"""``flowserve bench models``: thousands of models on a few workers, simulated (no broker)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from flowserve.cli.common import console
+from flowserve_bench.cli.shared import Result, workload
+
+
+def register(workloads: Any) -> None:
+    p = workload(workloads, "models", _models, broker=False,
+                 summary="many models on a few workers: the predictive scheduler against load-on-demand LRU "
+                 "(simulated emulated T4 workers, no broker)",
+                 description="1,000 and 4,000 emulated models with Zipf popularity on 2 and 4 SIMULATED emulated "
+                 "T4 workers with memory for 5% of the models each, Poisson arrivals at 50-90% of capacity "
+                 "(all models resident, 99% within the SLO): flowserve's scheduler, load-on-demand LRU, and "
+                 "the workers one model per worker would need. Not a live run (docs/models.md).")
+    p.add_argument("--models", type=int, nargs="+", default=[1000, 4000], help="catalogue sizes")
+    p.add_argument("--zipf", type=float, nargs="+", default=[0.9, 1.2], help="Zipf exponents of popularity")
+    p.add_argument("--workers", type=int, nargs="+", default=[2, 4], help="worker counts")
+    p.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.7, 0.9], help="shares of capacity offered")
+    p.add_argument("--seconds", type=float, default=30.0, help="simulated seconds of arrivals per cell")
+    p.add_argument("--seed", type=int, default=0, help="seed of arrivals, popularity and jitter")
+    p.add_argument("--no-highest", dest="highest", action="store_false",
+                   help="skip the search for the highest load at which each contender meets 99.9%% (done by default)")
+
+
+def _models(args: argparse.Namespace) -> Result:
+    from flowserve_bench.models import models_bench
+
+    return models_bench(args.models, args.zipf, args.workers, args.loads, seconds=args.seconds, seed=args.seed,
+                        highest=args.highest, log=console.print)

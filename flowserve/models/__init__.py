@@ -1,0 +1,19 @@
+"""Many models on a few accelerators (Clockwork): the catalogue, device memory, the predictive scheduler,
+placement over workers and a discrete-event simulation to drive them (docs/models.md).
+
+Pure and deterministic: nothing here reads a clock or a broker, so a worker's hook and the simulation drive
+the same code.
+"""
+
+from __future__ import annotations
+
+from flowserve.models.baseline import LruServer
+from flowserve.models.catalogue import BANDWIDTH, Catalogue, ModelSpec
+from flowserve.models.memory import DeviceMemory, Predictor
+from flowserve.models.placement import Placement, partition_of
+from flowserve.models.scheduler import Action, ActionKind, Scheduler, Step
+from flowserve.models.simulate import Outcome, Policy, Workload, jitter_margin, poisson_zipf, run, zipf
+
+__all__ = ["BANDWIDTH", "Action", "ActionKind", "Catalogue", "DeviceMemory", "LruServer", "ModelSpec", "Outcome",
+           "Placement", "Policy", "Predictor", "Scheduler", "Step", "Workload", "jitter_margin", "partition_of",
+           "poisson_zipf", "run", "zipf"]
