@@ -115,7 +115,13 @@ def test_a_killed_worker_is_restarted_and_requests_flow_again(broker: object, tm
                     seen += lines.get(timeout=1)
             assert f"worker a[0] (pid {worker}) died with signal SIGKILL" in seen, seen
             assert "restarted worker a[0]" in seen, seen
-            (new,) = _workers(proc.pid)
+            # the restarted child shows "worker" in its command line once it has exec'd, a moment after
+            # the supervisor says it started it (on a busy machine that moment is long)
+            found = _workers(proc.pid)
+            while not found and time.monotonic() < deadline:
+                time.sleep(0.1)
+                found = _workers(proc.pid)
+            (new,) = found
             workers.add(new)
             assert new != worker
             _until_ok(client, name, 120)
