@@ -41,6 +41,10 @@ def start_acl_cluster(admin_password: str) -> ApacheKafka:
                 "listener.name.sasl.scram-sha-512.sasl.jaas.config": _JAAS,
                 "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
                 "allow.everyone.if.no.acl.found": "false",
+                # as a least-privilege cluster runs: topics are made on purpose (the admin, the gateway's reply
+                # topic), never by a metadata request. With it on, a stage's metadata request for a reply topic
+                # the broker had not yet learnt of became a refused CREATE in the authorizer's log
+                "auto.create.topics.enable": "false",
                 "super.users": f"User:{ADMIN};User:ANONYMOUS"})
 
 
