@@ -154,21 +154,26 @@ def section(doc: dict[str, Any], name: str) -> list[str]:
         lines += ["", f"Targets met: {met} of {len(targets)}: "
                   + "; ".join(f"`{k}` {fmt(bool(v))}" for k, v in targets.items()) + "."]
     if result.get("workload") == "gateway-against":
-        lines += ["", "Throughput, flowserve / the other server (95% interval), and the p99 ratio, per level:", "",
+        lines += ["", "Throughput, flowserve / the other server (95% interval), the p99 ratio and flowserve's "
+                  "worker CPU per request per stage, per level:", "",
                   *table(against_rows(result), label="broker / topology")]
     lines += tables_of(result, LEAVE_OUT.get(name, set()), MAIN.get(name), ROWS.get(name, MAX_ROWS))
     return lines + [""]
 
 
 def against_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """``flowserve bench gateway --against``: a row per broker and topology, a column per load."""
+    """``flowserve bench gateway --against``: a row per broker and topology, a column per load: the
+    throughput ratio, the p99 ratio, and flowserve's worker CPU per request per stage (µs, from /proc)."""
     rows = []
     for broker, runs in (result.get("brokers") or {}).items():
         for run in runs:
             row: dict[str, Any] = {"_label": f"{broker} / {run['topology']}"}
             for load in run["loads"]:
                 p99 = load.get("p99_ratio") or [None]
-                row[load["load"]] = f"{fmt(load['throughput_ratio'])}; p99 {fmt(p99[0])}"
+                workers = [v for k, v in load.get("flowserve", {}).get("cpu_us_per_request", {}).items()
+                           if k.startswith("worker:")]
+                hop = f"; {sum(workers) / len(workers):.0f} µs/hop" if workers else ""
+                row[load["load"]] = f"{fmt(load['throughput_ratio'])}; p99 {fmt(p99[0])}{hop}"
             rows.append(row)
     return rows
 

@@ -10,7 +10,8 @@ requests are always held-out data::
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 
@@ -100,3 +101,7 @@ class Normalize(Component):
 
     def process(self, batch: Batch) -> dict[str, np.ndarray]:
         return {"x": batch["pixels"] / np.float32(PIXEL_MAX)}
+
+    def torch_forward(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """``process`` in torch, for explanations through the graph (flowserve.explain.Differentiable)."""
+        return {"x": inputs["pixels"] / PIXEL_MAX}

@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -51,6 +52,12 @@ class ArgMax(Component):
     def process(self, batch: Batch) -> dict[str, np.ndarray]:
         probs = batch["probs"] if self.params.input == "probs" else softmax(batch["logits"])
         return {"label": probs.argmax(axis=1).astype(np.int64), "probs": probs}
+
+    def torch_forward(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """``probs`` in torch (the label, an arg-max, has no gradient), for flowserve.explain.Differentiable."""
+        if self.params.input == "probs":
+            return {"probs": inputs["probs"]}
+        return {"probs": inputs["logits"].float().softmax(dim=-1)}
 
 
 class TopKParams(BaseModel):

@@ -182,6 +182,13 @@ class TorchClassifier(Component):
             out = logits.float().cpu().numpy()
         return {"logits": out}
 
+    def torch_forward(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """``process`` in torch with autograd on (flowserve.explain.Differentiable): logits on the input's device."""
+        if self._model is None:
+            raise ComponentError(f"node '{self.node}': TorchClassifier.torch_forward called before setup()")
+        x = inputs["x"]
+        return {"logits": self._model(x.float().to(self.device)).float().to(x.device)}
+
     def describe(self) -> str:
         what = self.params.model or "user"
         parts = [f"model={what}"]

@@ -100,6 +100,16 @@ class Topology:
         """The true outputs of answered requests (``flowserve.wire.feedback``)."""
         return names.feedback_topic(self.base)
 
+    @property
+    def explanations_topic(self) -> str:
+        """Attributions of requests to the topology's inputs, keyed by request id (``flowserve.explain``)."""
+        return names.explanations_topic(self.base)
+
+    @property
+    def explained(self) -> bool:
+        """Whether an ``explain:`` section (on the topology or a node) asks for explanations."""
+        return self.spec.explain is not None or any(n.explain is not None for n in self.spec.nodes.values())
+
     def decisions_topic(self, node_id: str) -> str:
         """What learning node ``node_id`` decided per request (``Component.learns``)."""
         return names.decisions_topic(self.base, node_id)
@@ -132,6 +142,8 @@ class Topology:
                 owned.extend((self.decisions_topic(node.id), self.state_topic(node.id)))
         protected = [n for n, s in self.spec.nodes.items() if s.parity is not None]
         owned.extend(names.parity_query_topic(self.base, n) for n in protected)
+        if self.explained:
+            owned.append(self.explanations_topic)
         if protected:  # parity decoders record each reconstruction's group in lineage, and as an action
             owned.extend((self.lineage_topic, self.actions_topic))
         return list(dict.fromkeys(owned))

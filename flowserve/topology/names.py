@@ -12,6 +12,8 @@ Every name starts with a topology's *base*, ``<prefix>.<topology>`` (prefix ``fs
     <base>.lineage             lineage records (capture)
     <base>.actions             what features did on their own: the tuner's scaling, the parity decoder's
                                reconstructions (JSON: ts_ms, source, node, action; ``flowserve ui`` shows them)
+    <base>.explanations        attributions of sampled or asked-for requests (flowserve.explain), keyed by
+                               request id
     <base>.feedback            the true outputs of answered requests (flowserve.wire.feedback), from the
                                gateway's feedback endpoint or any Kafka client
     <base>.<node>.decisions    what a learning node decided per request (flowserve.selection), joined to feedback
@@ -41,6 +43,7 @@ CONTROL = "control"
 LINEAGE = "lineage"
 ACTIONS = "actions"
 FEEDBACK = "feedback"
+EXPLANATIONS = "explanations"
 REPLIES = "replies"
 
 #: the topics of a topology that are not edges (``flowserve inspect`` hides these by default).
@@ -83,6 +86,16 @@ def actions_topic(base: str) -> str:
 def feedback_topic(base: str) -> str:
     """Feedback: the true outputs of answered requests, keyed by request id (:mod:`flowserve.wire.feedback`)."""
     return f"{base}.{FEEDBACK}"
+
+
+def explanations_topic(base: str) -> str:
+    """Attributions of requests to the topology's inputs, keyed by request id (:mod:`flowserve.explain`)."""
+    return f"{base}.{EXPLANATIONS}"
+
+
+def explain_group(base: str) -> str:
+    """The consumer group of the explainer: it reads the inputs topic beside the topology's own nodes."""
+    return f"{base}.{EXPLANATIONS}"
 
 
 DECISIONS = "decisions"

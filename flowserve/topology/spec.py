@@ -111,6 +111,28 @@ class ParitySpec(_Strict):
         return k
 
 
+# -- explain: (flowserve.explain composes the chain and computes attributions) ---------------------
+
+class ExplainSpec(_Strict):
+    """Attributions of an output to the topology's inputs (the ``explain:`` section; see flowserve.explain).
+
+    On the topology, ``output`` names one of its outputs; on a node, one of the node's output ports.
+    """
+
+    #: share of requests explained in the side branch, chosen by a stable hash of the request id (0: on demand only)
+    sample: float = Field(0.01, ge=0.0, le=1.0)
+    #: auto: integrated gradients where every node of the chain is differentiable, else KernelSHAP
+    method: Literal["auto", "integrated_gradients", "kernel_shap"] = "auto"
+    #: the explained output (default: the first floating-point one)
+    output: str | None = None
+    #: integrated gradients' steps along the path from the baseline to the input
+    steps: int = Field(64, ge=4, le=4096)
+    #: KernelSHAP's perturbed samples per row
+    samples: int = Field(200, ge=16, le=100_000)
+    #: the baseline input: every element of every attributed input set to this (0: a black image)
+    baseline: float = 0.0
+
+
 # -- nodes and the topology ------------------------------------------------------------------------
 
 class JoinSpec(_Strict):
@@ -197,6 +219,8 @@ class NodeSpec(_Strict):
     #: ``never``: the planner (``flowserve plan``) keeps this node a stage of its own, and a ``fuse:`` chain
     #: may not take it; ``auto`` (the default): the planner fuses it where the simulation says that pays.
     fuse: Literal["auto", "never"] = "auto"
+    #: attributions of this node's output to the topology's inputs, in a side branch (flowserve.explain)
+    explain: ExplainSpec | None = None
 
     @field_validator("fuse", mode="before")
     @classmethod
@@ -230,6 +254,8 @@ class TopologySpec(_Strict):
     fuse: dict[str, list[str]] = Field(default_factory=dict)
     #: the gateway's response cache for this topology (a repeated request is answered without Kafka).
     cache: CacheSpec | None = None
+    #: attributions of an output to the topology's inputs, in a side branch (flowserve.explain)
+    explain: ExplainSpec | None = None
 
     @field_validator("nodes")
     @classmethod

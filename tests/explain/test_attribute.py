@@ -1,0 +1,128 @@
+"""Explanations through the graph without a broker: integrated gradients' completeness end to end through the
+digits pipeline's three stages, the KernelSHAP fallback for a chain that is not differentiable, the capability
+check, and the explanation's JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from flowserve.errors import ComponentError, ErrorKind
+from flowserve.explain import Chain, ExplainError, Explanation, explain, integrated_gradients, targets
+from flowserve.topology import load_topology, load_topology_text
+
+pytest.importorskip("captum")
+pytest.importorskip("flowserve_components")
+
+DIGITS = "topologies/digits.yaml"
+EXPLAINED = """
+name: NAME
+nodes:
+  pre:
+    component: flowserve_components.digits:Normalize
+    inputs: {pixels: input.pixels}
+  model:
+    component: flowserve_components.torch_stage:TorchClassifier
+    params: {model: digits-mlp, threads: 1}
+    inputs: {x: pre.x}
+  post:
+    component: flowserve_components.postprocess:POST
+    inputs: {logits: model.logits}
+outputs: {OUT}
+explain: {sample: 1.0, method: METHOD}
+"""
+
+
+def _topology(post: str = "ArgMax", outputs: str = "{label: post.label, probs: post.probs}", method: str = "auto"):
+    return load_topology_text(EXPLAINED.replace("NAME", "explained").replace("POST", post)
+                              .replace("{OUT}", outputs).replace("METHOD", method))
+
+
+@pytest.fixture(scope="module")
+def digits_chain() -> Iterator[Chain]:
+    (target,) = targets(_topology())
+    chain = Chain(_topology(), target)
+    chain.setup()
+    yield chain
+    chain.close()
+
+
+def test_integrated_gradients_are_complete_through_the_three_digit_stages(digits_chain: Chain) -> None:
+    from flowserve_components.digits import sample
+
+    assert [n.id for n in digits_chain.nodes] == ["pre", "model", "post"]
+    assert digits_chain.inputs == ["pixels"] and digits_chain.differentiable()
+    requests, _ = sample(20, seed=3)
+    errors = []
+    for i, request in enumerate(requests):
+        e = explain(digits_chain, request, request_id=f"r{i}")
+        assert e.method == "integrated_gradients" and e.output == "probs"
+        assert e.attributions["pixels"].shape == (1, 64)
+        # the class explained is the one the pipeline answers: the arg-max of its probabilities
+        probs = digits_chain.numpy_fn({"pixels": request["pixels"]})
+        assert e.classes == [int(probs.argmax(axis=1)[0])]
+        assert e.f_x[0] == pytest.approx(float(probs.max()), rel=1e-5)
+        gap = e.f_x[0] - e.f_baseline[0]
+        assert abs(gap) > 0.05  # a black image is not read as this digit: the relative error means something
+        errors.append(abs(e.sums[0] - gap) / abs(gap))
+    print(f"completeness: largest relative error {max(errors) * 100:.3f}% over {len(errors)} requests")
+    assert max(errors) < 0.01
+
+
+def test_a_request_of_several_rows_is_explained_row_by_row(digits_chain: Chain) -> None:
+    from flowserve_components.digits import sample
+
+    requests, _ = sample(3, seed=4)
+    pixels = np.concatenate([r["pixels"] for r in requests])
+    e = integrated_gradients(digits_chain, {"pixels": pixels}, steps=64)
+    assert e.attributions["pixels"].shape == (3, 64) and len(e.classes) == 3
+    assert all(abs(d) < 0.01 * abs(fx - fb) for d, fx, fb in zip(e.delta, e.f_x, e.f_baseline, strict=True))
+    assert Explanation.from_json(e.to_json()).classes == e.classes
+    again = Explanation.from_json(e.to_json())
+    np.testing.assert_allclose(again.attributions["pixels"], e.attributions["pixels"], rtol=1e-5, atol=1e-9)
+
+
+def test_a_chain_with_a_component_without_torch_forward_falls_back_to_kernel_shap() -> None:
+    from flowserve_components.digits import sample
+
+    topology = _topology("TopK", "{indices: post.indices, scores: post.scores}")
+    (target,) = targets(topology)
+    assert target.name == "scores"  # the first floating-point output
+    chain = Chain(topology, target)
+    chain.setup()
+    try:
+        assert not chain.differentiable()
+        requests, _ = sample(1, seed=5)
+        e = explain(chain, requests[0], request_id="r")
+        assert e.method == "kernel_shap" and e.classes == [0]  # top-k scores come best first
+        assert e.attributions["pixels"].shape == (1, 64)
+        # KernelSHAP's fit keeps efficiency: the attributions add up to the score's change from the baseline
+        assert e.sums[0] == pytest.approx(e.f_x[0] - e.f_baseline[0], rel=0.01)
+    finally:
+        chain.close()
+
+
+def test_integrated_gradients_by_name_requires_every_node_to_be_differentiable() -> None:
+    topology = _topology("TopK", "{indices: post.indices, scores: post.scores}", method="integrated_gradients")
+    (target,) = targets(topology)
+    with pytest.raises(ComponentError) as err:
+        Chain(topology, target)
+    assert err.value.kind == ErrorKind.INVALID_TOPOLOGY
+    assert "node 'post'" in str(err.value) and "torch_forward" in str(err.value)
+
+
+def test_an_output_that_is_not_the_topologys_is_refused() -> None:
+    topology = load_topology_text(EXPLAINED.replace("NAME", "x").replace("POST", "ArgMax")
+                                  .replace("{OUT}", "{probs: post.probs}").replace("METHOD", "auto")
+                                  .replace("sample: 1.0", "output: nope"))
+    with pytest.raises(ExplainError, match="'nope' is not an output"):
+        targets(topology)
+
+
+def test_the_shipped_digits_topology_has_no_explain_section_and_no_explanations_topic() -> None:
+    topology = load_topology(DIGITS)
+    assert targets(topology) == [] and not topology.explained
+    assert topology.explanations_topic not in topology.topics()
+    assert _topology().explanations_topic in _topology().topics()
