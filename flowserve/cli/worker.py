@@ -45,6 +45,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from flowserve.capture import capture_hooks
     from flowserve.energy import EnergySettings, energy_hooks
     from flowserve.learning import held_hooks, version_hooks
+    from flowserve.models import model_hooks
     from flowserve.parity import parity_hooks
     from flowserve.runtime.eventloop import run
     from flowserve.runtime.hooks import chain
@@ -63,8 +64,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = worker_process(topology, args.node, settings)  # OS priority: side branches yield the CPU
     watch_parent()  # a worker whose host was killed outright stops itself
     kafka = common.kafka(args.broker)
-    hooks = chain(cache_hooks, held_hooks, capture_hooks, parity_hooks(kafka, settings), selection_hooks(kafka),
-                  version_hooks(kafka, settings), energy_hooks(EnergySettings.from_env(
+    hooks = chain(cache_hooks, model_hooks, held_hooks, capture_hooks, parity_hooks(kafka, settings),
+                  selection_hooks(kafka), version_hooks(kafka, settings), energy_hooks(EnergySettings.from_env(
                       enabled=args.energy, carbon_g_per_kwh=args.carbon_g_per_kwh, region=args.carbon_region)))
     if args.host == "faust":
         from flowserve.control.faust_host import run_worker  # faust: only for the faust host

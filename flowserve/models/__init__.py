@@ -8,12 +8,14 @@ the same code.
 from __future__ import annotations
 
 from flowserve.models.baseline import LruServer
+from flowserve.models.capabilities import ServesModels
 from flowserve.models.catalogue import BANDWIDTH, Catalogue, ModelSpec
 from flowserve.models.memory import DeviceMemory, Predictor
 from flowserve.models.placement import Placement, partition_of
 from flowserve.models.scheduler import Action, ActionKind, Scheduler, Step
 from flowserve.models.simulate import Outcome, Policy, Workload, jitter_margin, poisson_zipf, run, zipf
+from flowserve.models.stage import ModelHooks, model_hooks
 
-__all__ = ["BANDWIDTH", "Action", "ActionKind", "Catalogue", "DeviceMemory", "LruServer", "ModelSpec", "Outcome",
-           "Placement", "Policy", "Predictor", "Scheduler", "Step", "Workload", "jitter_margin", "partition_of",
-           "poisson_zipf", "run", "zipf"]
+__all__ = ["BANDWIDTH", "Action", "ActionKind", "Catalogue", "DeviceMemory", "LruServer", "ModelHooks", "ModelSpec",
+           "Outcome", "Placement", "Policy", "Predictor", "Scheduler", "ServesModels", "Step", "Workload",
+           "jitter_margin", "model_hooks", "partition_of", "poisson_zipf", "run", "zipf"]

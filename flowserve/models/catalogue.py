@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from flowserve.errors import ErrorKind, FlowserveError
 from flowserve.runtime import hardware as hw
+from flowserve.topology.spec import ModelsSpec
 
 #: link -> effective host-to-device bytes per second (sources above)
 BANDWIDTH: dict[str, float] = {"pcie3-x16": 12.5e9, "pcie4-x16": 25.0e9}
@@ -124,12 +125,44 @@ class Catalogue:
     def emulated(cls, count: int, *, hardware: str = "gpu-small", link: str = "pcie3-x16") -> Catalogue:
         """``count`` emulated models named ``m-00000`` ..., architectures in :data:`MIX`'s proportions,
         interleaved deterministically (model ``i`` takes the kind whose share is furthest behind)."""
-        kinds = [k for k, _ in MIX]
-        shares = [w for _, w in MIX]
-        taken = [0] * len(kinds)
+        return cls([ModelSpec.emulated(f"m-{i:05d}", kind, hardware=hardware, link=link)
+                    for i, kind in enumerate(mixed(count))])
+
+    @classmethod
+    def declared(cls, spec: ModelsSpec, *, node: str = "") -> Catalogue:
+        """The catalogue a node's ``models:`` section declares: each model's kind (``mix``: :data:`MIX`'s
+        order), its size (``size_mb``, else its kind's weights) and its table (``latency_ms``, else its
+        kind's table on ``hardware``), loaded over ``link``."""
+        if spec.link not in BANDWIDTH:
+            raise FlowserveError(f"node '{node}': unknown link '{spec.link}' (links: {', '.join(BANDWIDTH)})",
+                                 kind=ErrorKind.INVALID_TOPOLOGY)
+        entries = spec.entries()
+        kinds = mixed(len(entries)) if spec.kind == "mix" else [spec.kind] * len(entries)
         specs = []
-        for i in range(count):
-            j = max(range(len(kinds)), key=lambda k: shares[k] * (i + 1) - taken[k])
-            taken[j] += 1
-            specs.append(ModelSpec.emulated(f"m-{i:05d}", kinds[j], hardware=hardware, link=link))
+        for entry, default in zip(entries, kinds, strict=True):
+            kind = entry.kind or default
+            size_mb = entry.size_mb or spec.size_mb
+            table_ms = entry.latency_ms or spec.latency_ms
+            if (size_mb is None or table_ms is None) and kind not in WEIGHTS:
+                raise FlowserveError(f"node '{node}': model '{entry.name}' has kind '{kind}', which has no "
+                                     f"emulated figures (kinds: {', '.join(WEIGHTS)}); give size_mb and "
+                                     "latency_ms", kind=ErrorKind.INVALID_TOPOLOGY)
+            size = int(size_mb * 1e6) if size_mb is not None else WEIGHTS[kind]
+            table = ({n: ms / 1000 for n, ms in table_ms.items()} if table_ms is not None
+                     else hw.latency_table(kind, spec.hardware))
+            specs.append(ModelSpec(entry.name, size, size / BANDWIDTH[spec.link], table))
         return cls(specs)
+
+
+def mixed(count: int) -> list[str]:
+    """``count`` architectures in :data:`MIX`'s proportions, interleaved deterministically (model ``i``
+    takes the kind whose share is furthest behind)."""
+    kinds = [k for k, _ in MIX]
+    shares = [w for _, w in MIX]
+    taken = [0] * len(kinds)
+    out = []
+    for i in range(count):
+        j = max(range(len(kinds)), key=lambda k: shares[k] * (i + 1) - taken[k])
+        taken[j] += 1
+        out.append(kinds[j])
+    return out

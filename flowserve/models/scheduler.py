@@ -152,12 +152,16 @@ class Scheduler(Lanes):
     """flowserve's predictive scheduler for one worker (see the module's doc)."""
 
     def __init__(self, catalogue: Catalogue, capacity: int, *, max_batch: int = 16, margin: float = 1.0,
-                 tau: float = 10.0) -> None:
+                 tau: float = 10.0, horizon: float = math.inf) -> None:
         super().__init__(catalogue, capacity, max_batch=max_batch, margin=margin)
         self.predictor = Predictor(tau)
         self.queues: dict[str, list[tuple[float, int]]] = {}  # model -> heap of (deadline, request id)
         self._fresh: set[str] = set()  # models with requests submitted since the last step
         self._wake = math.inf
+        #: a resident model predicted to be used within this many seconds is kept for it rather than evicted
+        #: for a newcomer (whose own deadline bounds it too): with deadlines far off (a minute), every idle
+        #: model's next predicted use comes before them, and a newcomer would wait its whole deadline out
+        self.horizon = horizon
 
     def submit(self, rid: int, model: str, *, deadline: float, now: float) -> None:
         self.spec(model)  # an unknown model fails here, naming it
@@ -233,7 +237,7 @@ class Scheduler(Lanes):
             if now + self.load_s(model) > window:
                 continue
             evict = self.memory.victims(self.spec(model).size_bytes, now=now, next_use=next_use,
-                                        keep_before=deadline)
+                                        keep_before=min(deadline, now + self.horizon))
             if evict is not None:
                 return self.start_load(model, evict, now, window)
         return None

@@ -319,6 +319,9 @@ def _check_chain(name: str, members: list[str], unfused: Mapping[str, Node], out
         if spec.nodes[m].fuse == "never":
             raise TopologyError(f"fuse.{name}: node '{m}' says 'fuse: never'; take it out of the chain or drop "
                                 "its 'fuse: never'", source=source, node=m)
+        if spec.nodes[m].models is not None:  # its worker schedules its own models (flowserve.models)
+            raise TopologyError(f"fuse.{name}: node '{m}' serves many models and is a stage of its own; take it "
+                                "out of the chain", source=source, node=m)
     for prev, m in zip(members, members[1:], strict=False):
         node = unfused[m]
         if node.triggers or any(len(srcs) != 1 or srcs[0].node != prev for srcs in node.bindings.values()):

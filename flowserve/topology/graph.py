@@ -393,6 +393,7 @@ def compile_spec(spec: TopologySpec, source: str = "<topology>") -> Topology:
             emits_outputs={name: src.tensor for name, src in outputs.items()} if node_id == single else {},
             capture_topics=captured.get(node_id, {}),
             cache=node_spec.cache,
+            models=node_spec.models,
         )
     if single is None:
         ports = {name: src.port or Port("BYTES", (-1,)) for name, src in outputs.items()}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from flowserve.component import Component, Port
 from flowserve.errors import TopologyError
 from flowserve.topology import names
-from flowserve.topology.spec import CacheSpec, JoinSpec, TopologySpec
+from flowserve.topology.spec import CacheSpec, JoinSpec, ModelsSpec, TopologySpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,8 @@ class Node:
     first_wins: frozenset[str] = frozenset()
     #: the node's prediction cache (flowserve.cache), when its YAML asks for one
     cache: CacheSpec | None = None
+    #: the models of a many-model node (flowserve.models), when its YAML declares them
+    models: ModelsSpec | None = None
 
     @property
     def sources(self) -> list[Source]:

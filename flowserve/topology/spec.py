@@ -196,6 +196,63 @@ class CacheSpec(_Strict):
         return [n.lower() for n in names]  # headers travel lower-cased (HTTP and Kafka alike)
 
 
+class ModelEntry(_Strict):
+    """One model of a many-model node, by name; what is not given comes from the node's ``models:``."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    kind: str | None = None
+    size_mb: float | None = Field(None, gt=0)
+    latency_ms: dict[int, float] | None = None
+
+
+class ModelsSpec(_Strict):
+    """A many-model node's model set (flowserve.models): ``names:`` lists them, or ``count:`` of them are
+    named ``<prefix><i:05d>``; each one's size and batch table come from its ``kind`` (an emulated
+    architecture of flowserve.models.catalogue) unless ``size_mb`` and ``latency_ms`` (batch size -> mean
+    ms) say. A request names its model in the ``fs-model`` header (``/v2/models/<model>/infer``)."""
+
+    #: the models, each a name or ``{name, kind, size_mb, latency_ms}``
+    names: list[ModelEntry | str] = Field(default_factory=list)
+    count: int = Field(0, ge=0, le=100_000)
+    prefix: str = Field("m-", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    #: an emulated architecture (resnet50, alexnet, ...) or ``mix`` (the catalogue's mix, model by model)
+    kind: str = "mix"
+    size_mb: float | None = Field(None, gt=0)
+    latency_ms: dict[int, float] | None = None
+    #: device memory for resident models, in MB (default: a tenth of the models' total)
+    memory_mb: float | None = Field(None, gt=0)
+    #: the host-to-device link a load crosses (flowserve.models.catalogue.BANDWIDTH)
+    link: str = "pcie3-x16"
+    #: the emulated device whose batch tables are used (flowserve.runtime.hardware)
+    hardware: str = "gpu-small"
+    #: a request without a deadline must be answered within this
+    slo_ms: float = Field(100.0, gt=0)
+    #: predicted times are the table's times this (>= 1: a high percentile over the mean)
+    margin: float = Field(1.0, ge=1.0)
+    max_batch: int = Field(16, ge=1, le=4096)
+
+    @model_validator(mode="after")
+    def _some(self) -> ModelsSpec:
+        if bool(self.names) == bool(self.count):
+            raise ValueError("list the models under 'names' or give their 'count' (one of the two)")
+        names = self.model_names()
+        if len(set(names)) != len(names):
+            raise ValueError(f"model '{next(n for n in names if names.count(n) > 1)}' is listed twice")
+        return self
+
+    def entries(self) -> list[ModelEntry]:
+        """Every model, in order, as an entry (a bare name: the node's defaults)."""
+        if self.names:
+            return [ModelEntry(name=m) if isinstance(m, str) else m for m in self.names]
+        return [ModelEntry(name=n) for n in self.model_names()]
+
+    def model_names(self) -> list[str]:
+        """The models' names, in order."""
+        if self.names:
+            return [m if isinstance(m, str) else m.name for m in self.names]
+        return [f"{self.prefix}{i:05d}" for i in range(self.count)]
+
+
 class NodeSpec(_Strict):
     component: str
     params: dict[str, Any] = Field(default_factory=dict)
@@ -216,6 +273,8 @@ class NodeSpec(_Strict):
     #: cache this node's outputs by its input tensors and version (``cache: {max_mb: 64, ttl_s: 60}``).
     #: Only for outputs that are a function of the inputs (and of the headers named under ``vary``).
     cache: CacheSpec | None = None
+    #: a many-model node (flowserve.models): the models it serves, a bounded set resident at a time.
+    models: ModelsSpec | None = None
     #: ``never``: the planner (``flowserve plan``) keeps this node a stage of its own, and a ``fuse:`` chain
     #: may not take it; ``auto`` (the default): the planner fuses it where the simulation says that pays.
     fuse: Literal["auto", "never"] = "auto"

@@ -89,6 +89,8 @@ def _refusal(topology: Topology, a: str, b: str, readers_of_a: set[str], a_feeds
     for n in (a, b):
         if spec.nodes[n].fuse == "never":
             return f"'{n}' says fuse: never"
+        if spec.nodes[n].models is not None:
+            return f"'{n}' serves many models"
         if n in named:
             return f"capture names '{n}', so its edges stay on Kafka"
         component = topology.nodes[n].component

@@ -39,6 +39,10 @@ H_PARITY_MEMBERS = "fs-parity-members"
 #: on a record computed by a registered model version (flowserve.learning): ``<node>=<version>``, so a reply
 #: says which version answered it
 H_MODEL_VERSION = "fs-model-version"
+#: on a request to a many-model node (flowserve.models): the model it asks for; on its answer, ``fs-served-by``
+#: names the model that computed it
+H_MODEL = "fs-model"
+H_SERVED_BY = "fs-served-by"
 
 #: Headers that are not copied from an input record to the records a node derives from it.
 _NOT_INHERITED = frozenset({H_ERROR, H_ERROR_KIND, H_NODE})

@@ -1,0 +1,270 @@
+"""The many-model stage: a worker hook that serves a node's ``models:`` through the predictive scheduler.
+
+A request names its model in the ``fs-model`` header. Before a batch's ``process`` the hook answers every
+request of the batch itself (:meth:`~flowserve.runtime.hooks.StageHooks.answer`): each is submitted to the
+node's :class:`~flowserve.models.scheduler.Scheduler` with its deadline (``fs-deadline``, else now plus the
+node's ``slo_ms``), and the scheduler is stepped on the monotonic clock until every one is answered or
+refused. Its loads and batches run on two lanes, a thread each (copy and compute, overlapping as on a
+GPU), through the component's :class:`~flowserve.models.capabilities.ServesModels` methods. The resident
+set, the arrival rates and the counts carry over from batch to batch.
+
+An answer carries ``fs-served-by: <model>`` (the model that computed it). A request the scheduler refuses
+gets an error result of kind ``deadline`` at once; one naming no model, or a model the node does not
+serve, gets ``invalid_input``. The hook blocks the worker's loop while it serves a batch: a batch lasts no
+longer than its requests' deadlines allow (what cannot make it is refused), and the device is the
+bottleneck a worker waits on anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import numpy as np
+
+from flowserve.component import Batch, Component, read_result, require
+from flowserve.errors import ErrorKind, Failure, FlowserveError
+from flowserve.models.capabilities import ServesModels
+from flowserve.models.catalogue import Catalogue
+from flowserve.models.scheduler import Action, ActionKind, Scheduler
+from flowserve.runtime.emit import Item
+from flowserve.runtime.hooks import Outcome, StageContext, StageHooks
+from flowserve.topology.graph import Node, Topology
+from flowserve.topology.spec import ModelsSpec
+from flowserve.wire.envelope import (
+    H_DEADLINE,
+    H_FORMAT,
+    H_MODEL,
+    H_SERVED_BY,
+    deadline_of,
+    error_headers,
+    inherit,
+    now_ms,
+)
+
+#: one request's rows per output port, or why it failed
+Served = dict[str, np.ndarray] | Failure
+
+
+class ModelsAnswer:
+    """A batch the hook answered whole: :meth:`complete` lays each request's rows out in the batch's order,
+    masking the rows of failed requests (their error results are already on their way)."""
+
+    __slots__ = ("served", "skip")
+
+    def __init__(self, served: list[Served]) -> None:
+        self.served = served
+        self.skip = [True] * len(served)
+
+    def complete(self, sizes: Sequence[int], outputs: dict[str, np.ndarray], mask: dict[str, np.ndarray],
+                 errors: dict[int, str]) -> Outcome:
+        ports: dict[str, np.ndarray] = {}  # port -> a template row block (dtype, trailing shape)
+        for s in self.served:
+            if isinstance(s, dict):
+                for port, rows in s.items():
+                    ports.setdefault(port, rows)
+        out: dict[str, list[np.ndarray]] = {p: [] for p in ports}
+        flags: dict[str, list[np.ndarray]] = {p: [] for p in ports}
+        for s, n in zip(self.served, sizes, strict=True):
+            for port, template in ports.items():
+                got = s.get(port) if isinstance(s, dict) else None
+                if got is None or got.shape[0] != n:
+                    out[port].append(np.zeros((n, *template.shape[1:]), template.dtype))
+                    flags[port].append(np.zeros(n, bool))
+                else:
+                    out[port].append(got)
+                    flags[port].append(np.ones(n, bool))
+        merged = {p: np.concatenate(v) for p, v in out.items()}
+        masks = {p: np.concatenate(f) for p, f in flags.items() if not all(x.all() for x in f)}
+        return merged, masks, {}
+
+
+class ModelHooks(StageHooks):
+    """Serves a many-model node's requests by their ``fs-model`` header (see the module's doc)."""
+
+    def __init__(self, node: Node, component: ServesModels, catalogue: Catalogue, spec: ModelsSpec) -> None:
+        self.node = node
+        self.component = component
+        self.catalogue = catalogue
+        self.spec = spec
+        capacity = (int(spec.memory_mb * 1e6) if spec.memory_mb is not None
+                    else max(max(s.size_bytes for s in catalogue), catalogue.total_bytes // 10))
+        too_big = [s.name for s in catalogue if s.size_bytes > capacity]
+        if too_big:
+            raise FlowserveError(f"node '{node.id}': model '{too_big[0]}' does not fit in {capacity} bytes of "
+                                 "device memory; raise models.memory_mb", kind=ErrorKind.INVALID_TOPOLOGY)
+        self.scheduler = Scheduler(catalogue, capacity, max_batch=spec.max_batch, margin=spec.margin,
+                                   horizon=spec.slo_ms / 1000)
+        self.answers: Counter[str] = Counter()
+        self.failed = 0
+        self._lanes = {ActionKind.LOAD: ThreadPoolExecutor(1, thread_name_prefix=f"{node.id}-copy"),
+                       ActionKind.BATCH: ThreadPoolExecutor(1, thread_name_prefix=f"{node.id}-compute")}
+        self._stage: StageContext | None = None
+        self._by: dict[int, str] = {}  # id of a request's Ready -> the model that answered it
+
+    def start(self, stage: StageContext) -> None:
+        self._stage = stage
+
+    # -- serving a batch ---------------------------------------------------------------------------
+
+    def answer(self, items: Sequence[Item], sizes: Sequence[int]) -> ModelsAnswer:
+        served = self.serve(items)
+        for item, s in zip(items, served, strict=True):
+            if isinstance(s, Failure):
+                self._fail(item, s)
+        return ModelsAnswer(served)
+
+    def serve(self, items: Sequence[Item]) -> list[Served]:
+        """Each request's outputs, or why it failed, once the scheduler has answered or refused them all."""
+        clock = time.monotonic
+        served: list[Served | None] = [None] * len(items)
+        sched = self.scheduler
+        now, wall = clock(), now_ms()
+        for i, item in enumerate(items):
+            headers = item.ready.headers
+            raw = headers.get(H_MODEL)
+            model = raw.decode("utf-8", "replace") if raw else ""
+            if model not in self.catalogue.by_name:
+                served[i] = Failure(ErrorKind.INVALID_INPUT, f"node '{self.node.id}' serves many models: name one "
+                                    f"of its {len(self.catalogue)} models in the '{H_MODEL}' header"
+                                    + (f" (no model '{model}')" if model else ""))
+                continue
+            deadline_ms = deadline_of(headers.get(H_DEADLINE))
+            deadline = (now + (deadline_ms - wall) / 1000 if deadline_ms is not None
+                        else now + self.spec.slo_ms / 1000)
+            sched.submit(i, model, deadline=deadline, now=now)
+        running: dict[Future[Any], Action] = {}
+        while any(s is None for s in served) or running:
+            now = clock()
+            step = sched.step(now)
+            for rid in step.refused:
+                served[rid] = Failure(ErrorKind.DEADLINE, f"refused by node '{self.node.id}': model "
+                                      f"'{_model(items[rid])}' cannot answer before the request's deadline")
+            for action in step.actions:
+                running[self._lanes[action.kind].submit(self._run, action, items)] = action
+            if not running:
+                if all(s is not None for s in served):
+                    break
+                if math.isinf(step.wake):  # nothing can start and nothing will: cannot happen; never hang
+                    for i, s in enumerate(served):
+                        if s is None:
+                            served[i] = Failure(ErrorKind.DEADLINE, f"node '{self.node.id}' could not schedule it")
+                    break
+                time.sleep(max(0.0, step.wake - now))
+                continue
+            timeout = None if math.isinf(step.wake) else max(0.0, step.wake - now)
+            done, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+            for future in done:
+                action = running.pop(future)
+                self._finish(action, future, items, served, clock())
+        return [s if s is not None else Failure(ErrorKind.UNKNOWN, "unanswered") for s in served]
+
+    def _run(self, action: Action, items: Sequence[Item]) -> Any:
+        """On a lane's thread: the component's load (after its evictions) or batch."""
+        spec = self.catalogue.spec(action.model)
+        if action.kind is ActionKind.LOAD:
+            for victim in action.evicted:
+                self.component.unload_model(victim)
+            self.component.load_model(spec)
+            return None
+        group = [items[i].ready for i in action.requests]
+        sizes = [next(iter(r.tensors.values())).shape[0] if r.tensors else 1 for r in group]
+        tensors = ({p: np.concatenate([r.tensors[p] for r in group]) for p in group[0].tensors} if len(group) > 1
+                   else dict(group[0].tensors))
+        batch = Batch(tensors, sizes, [r.request_id for r in group], [r.headers for r in group])
+        result = self.component.run_model(spec, batch)
+        return sizes, read_result(self.component, result, batch.rows, node=self.node.id)  # type: ignore[arg-type]
+
+    def _finish(self, action: Action, future: Future[Any], items: Sequence[Item], served: list[Served | None],
+                now: float) -> None:
+        sched = self.scheduler
+        try:
+            out = future.result()
+        except Exception as exc:  # noqa: BLE001 - a component's failure fails its requests, not the worker
+            sched.finished(action, now)
+            why = Failure(ErrorKind.COMPONENT_FAILURE, f"{type(self.component).__name__}.{action.kind.value} of "
+                          f"model '{action.model}' failed: {exc!r}")
+            if action.kind is ActionKind.LOAD:  # not resident after all
+                sched.ready.discard(action.model)
+                sched.memory.evict(action.model)
+            for i in action.requests:
+                served[i] = why
+            return
+        sched.finished(action, now)
+        if action.kind is ActionKind.LOAD:
+            return
+        sizes, (outputs, _mask, errors) = out
+        start = 0
+        for i, n in zip(action.requests, sizes, strict=True):
+            stop = start + n
+            bad = next((errors[r] for r in range(start, stop) if r in errors), None)
+            if bad is not None:
+                served[i] = Failure(ErrorKind.INVALID_INPUT, f"model '{action.model}': {bad}")
+            else:
+                served[i] = {p: a[start:stop] for p, a in outputs.items()}
+                self._by[id(items[i].ready)] = action.model
+                self.answers[action.model] += 1
+            start = stop
+
+    def _fail(self, item: Item, failure: Failure) -> None:
+        """The error result of one request, as the worker writes one (its outputs' topics and its reply)."""
+        stage = self._stage
+        if stage is None:
+            raise FlowserveError("ModelHooks.start was not called", kind=ErrorKind.UNKNOWN)
+        self.failed += 1
+        r = item.ready
+        headers = inherit(r.headers, **error_headers(failure, self.node.id))
+        key = r.request_id.encode()
+        for topic in self.node.output_topics.values():
+            stage.emit(topic, r.partition, key, b"", headers)
+        if self.node.emits_outputs:
+            value = b""
+            if r.headers.get(H_FORMAT) == b"json":
+                value = json.dumps({"id": r.request_id, "error": failure.reason, "kind": failure.kind}).encode()
+            stage.emit(stage.reply_topic(r), r.partition, key, value, headers)
+
+    def begin(self, items: Sequence[Item]) -> None:
+        for item in items:  # each answer names the model that computed it
+            model = self._by.pop(id(item.ready), None)
+            if model is not None:
+                item.ready.headers[H_SERVED_BY] = model.encode()
+
+    # -- reporting ---------------------------------------------------------------------------------
+
+    def counters(self) -> Mapping[str, int]:
+        sched = self.scheduler
+        return {"models_resident": len(sched.memory.resident), "model_loads": sched.memory.loads,
+                "model_evictions": sched.memory.evictions, "model_refusals": sum(sched.refusals.values()),
+                "model_answers": sum(self.answers.values())}
+
+    def per_model(self) -> dict[str, dict[str, int]]:
+        """Per model with any activity: resident (0/1), answers and refusals."""
+        sched = self.scheduler
+        names = set(sched.memory.resident) | set(self.answers) | set(sched.refusals)
+        return {n: {"resident": int(n in sched.memory.resident), "answers": self.answers[n],
+                    "refusals": sched.refusals[n]} for n in sorted(names)}
+
+    def close(self) -> None:
+        for lane in self._lanes.values():
+            lane.shutdown(wait=True)
+
+
+def _model(item: Item) -> str:
+    raw = item.ready.headers.get(H_MODEL)
+    return raw.decode("utf-8", "replace") if raw else ""
+
+
+def model_hooks(topology: Topology, node: Node, component: Component) -> list[StageHooks]:
+    """The :data:`~flowserve.runtime.hooks.HookFactory` of many-model nodes: a :class:`ModelHooks` for a node
+    whose YAML declares ``models:``, nothing elsewhere."""
+    spec = node.models
+    if spec is None:
+        return []
+    serves = require(component, ServesModels, "serve many models",
+                     "use a component with load_model, unload_model and run_model (flowserve.models.ServesModels)")
+    return [ModelHooks(node, serves, Catalogue.declared(spec, node=node.id), spec)]

@@ -1,0 +1,90 @@
+"""A many-model node on a real broker: requests for many models, every answer from the model it named,
+refusals of kind ``deadline``, nothing lost."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import cast
+
+import numpy as np
+import pytest
+
+from flowserve.client import TopologyClient
+from flowserve.errors import ErrorKind
+from flowserve.models import ModelHooks, model_hooks
+from flowserve.runtime.host import InlineHost
+from flowserve.topology import load_topology
+from flowserve.wire.envelope import H_MODEL, H_SERVED_BY
+from flowserve_components.many_models import EmulatedModels, offset
+
+pytestmark = pytest.mark.integration
+
+# 30 ResNet-50s (102 MB, 8 ms to load) with room for 5, and one model too slow to answer in time for anyone
+ZOO = """
+name: NAME
+partitions: 2
+deadline_ms: 60000
+nodes:
+  zoo:
+    component: flowserve_components.many_models:EmulatedModels
+    inputs: {x: input.x}
+    batching: {policy: lag}
+    models:
+      names: [{name: huge, size_mb: 100, latency_ms: {1: 4000.0}}]
+      kind: resnet50
+      memory_mb: 520
+outputs: {y: zoo.y}
+"""
+
+
+def _zoo(write_topology) -> object:  # noqa: ANN001
+    names = [f"m-{i:05d}" for i in range(30)]
+    listed = "[" + ", ".join([*names, "{name: huge, size_mb: 100, latency_ms: {1: 4000.0}}"]) + "]"
+    return load_topology(write_topology(ZOO.replace("[{name: huge, size_mb: 100, latency_ms: {1: 4000.0}}]",
+                                                    listed)))
+
+
+async def test_every_answer_comes_from_the_model_it_named(kafka, write_topology) -> None:
+    topology = _zoo(write_topology)
+    component = cast(EmulatedModels, topology.nodes["zoo"].component)  # type: ignore[attr-defined]
+    names = [f"m-{i:05d}" for i in range(30)]
+    async with InlineHost(topology, kafka, hooks=model_hooks) as host, \
+            TopologyClient(topology, kafka) as client:  # type: ignore[arg-type]
+        (hook,) = [h for h in host.workers[0].hooks if isinstance(h, ModelHooks)]
+        sent: dict[str, tuple[str, np.ndarray]] = {}
+        futures = {}
+        for round_ in range(4):
+            for k, name in enumerate(names):
+                rid = f"r{round_}-{k}-{uuid.uuid4().hex[:6]}"
+                x = np.full((1, 4), round_ * 100 + k, np.float32)
+                sent[rid] = (name, x)
+                futures[rid] = client.expect(rid)
+                await client.queue({"x": x}, request_id=rid, headers={H_MODEL: name}, timeout_ms=60_000)
+        # refused early: a batch of 'huge' takes 4 s, past its 1.5 s deadline; then a model unknown, or none
+        for rid, model, timeout in (("late", "huge", 1500), ("unknown", "m-99999", 60_000)):
+            futures[rid] = client.expect(rid)
+            await client.queue({"x": np.zeros((1, 4), np.float32)}, request_id=rid, headers={H_MODEL: model},
+                               timeout_ms=timeout)
+        futures["nameless"] = client.expect("nameless")
+        await client.queue({"x": np.zeros((1, 4), np.float32)}, request_id="nameless", timeout_ms=60_000)
+        await client.flush()
+        replies = dict(zip(futures, await asyncio.wait_for(asyncio.gather(*futures.values()), 120), strict=True))
+
+    assert len(replies) == len(sent) + 3  # nothing lost
+    for rid, (name, x) in sent.items():
+        reply = replies[rid]
+        assert reply.error is None, (rid, reply.error)
+        assert reply.headers[H_SERVED_BY] == name.encode()
+        np.testing.assert_array_equal(reply.tensors["y"], x + np.float32(offset(name)))
+    assert replies["late"].error_kind is ErrorKind.DEADLINE
+    assert replies["unknown"].error_kind is ErrorKind.INVALID_INPUT and "m-99999" in str(replies["unknown"].error)
+    assert replies["nameless"].error_kind is ErrorKind.INVALID_INPUT
+    counters = hook.counters()
+    assert counters["model_answers"] == len(sent)
+    assert counters["model_loads"] >= len(names)  # each model loaded at least once, 5 at a time
+    assert counters["model_evictions"] >= len(names) - 5
+    assert counters["models_resident"] <= 5
+    assert "huge" not in {m for kind, m in component.log if kind == "load"}  # never started: it cannot make it
+    batches = [m for kind, m in component.log if kind == "batch"]
+    assert sorted(set(batches)) == names
