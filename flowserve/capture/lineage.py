@@ -7,7 +7,8 @@ parameters, the model weights hash when there is one, the batch (id, size) and i
 per sampled request: its request id, index and rows in the batch, the input records read (topic,
 partition, offset), the topics written, and the trace and span ids of its OpenTelemetry span.
 :func:`expand` turns a batch record into per-request steps; ``lineage`` finds a request's records by
-scanning the topic for values that hold its id (a byte search before any JSON is parsed)::
+scanning the topic for values that hold its id (a byte search before any JSON is parsed); the request's
+explanations (``flowserve.explain``, on ``<prefix>.<topology>.explanations`` by request id) are joined::
 
     flowserve lineage r1 --topology digits --broker localhost:9092
 """
@@ -136,11 +137,33 @@ def _attach_energy(steps: list[Step], energy: list[dict[str, Any]]) -> None:
             s.record["energy"] = queue.pop(0)
 
 
+async def explanations(kafka: KafkaSettings, request_id: str, topology: str, *, prefix: str = "fs",
+                       timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """The explanation records of ``request_id`` (JSON, as ``flowserve.explain`` writes them to
+    ``<base>.explanations``, keyed by request id), oldest first; none when the topology explains nothing."""
+    async with Reader(kafka, timeout_s=timeout_s) as reader:
+        records = await reader.read([names.explanations_topic(resolve_base(topology, prefix))], key=request_id)
+    return [r.body for r in records if isinstance(r.body, dict) and r.body.get("explanation") == 1]
+
+
+def explanation_line(body: dict[str, Any]) -> str:
+    """One line for a person: what was attributed, by which method, and how complete the attributions are."""
+    if body.get("error"):
+        return f"explanation of {body.get('output')}: failed ({body.get('kind')}): {body['error']}"
+    classes = ",".join(str(c) for c in body.get("classes", [])) or "-"
+    f_x, f_b, delta = body.get("f_x", []), body.get("f_baseline", []), body.get("delta", [])
+    rows = " ".join(f"f(x) {x:.4g} f(baseline) {b:.4g} gap {d:.2g}" for x, b, d in zip(f_x, f_b, delta, strict=False))
+    inputs = ", ".join(f"{n} {a.get('shape')}" for n, a in body.get("attributions", {}).items())
+    return f"explanation ({body.get('method')}) of {body.get('output')} at class {classes}: {rows}; over {inputs}"
+
+
 def run_lineage(kafka: KafkaSettings, request_id: str, topology: str, *, fmt: str, prefix: str = "fs") -> int:
     steps = asyncio.run(lineage(kafka, request_id, topology, prefix=prefix))
     if not steps:
         raise FlowserveError(f"no lineage for request '{request_id}' in {resolve_base(topology, prefix)}.lineage; "
                              "is 'capture: {lineage: true}' set and was the request sampled?")
+    full_id = str(steps[0].record.get("request_id") or request_id)
+    explained = asyncio.run(explanations(kafka, full_id, topology, prefix=prefix))
     if fmt == "json":
         for s in steps:
             inputs = [None if d is None else {"topic": d.topic, "partition": d.partition, "offset": d.offset,
@@ -148,9 +171,11 @@ def run_lineage(kafka: KafkaSettings, request_id: str, topology: str, *, fmt: st
                                               "error": d.error}
                       for d in s.inputs]
             print(json.dumps({**s.record, "input_records": inputs}, separators=(",", ":")))
+        for body in explained:
+            print(json.dumps({"kind": "explanation", **body}, separators=(",", ":")))
         return 0
     traces = {str(s.record["trace_id"]) for s in steps if s.record.get("trace_id")}
-    full = str(steps[0].record.get("request_id") or request_id)
+    full = full_id
     print(f"request {full}: {len(steps)} step(s); trace {', '.join(sorted(traces)) or 'none'}")
     for s in steps:
         r = s.record
@@ -178,4 +203,6 @@ def run_lineage(kafka: KafkaSettings, request_id: str, topology: str, *, fmt: st
     if total:
         print(f"energy {sum(e['joules'] for e in total):.4g} J  {sum(e['g_co2e'] for e in total):.4g} g CO2e "
               f"over {len(total)} hop(s)")
+    for body in explained:
+        print(explanation_line(body))
     return 0

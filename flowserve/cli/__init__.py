@@ -26,6 +26,7 @@ from flowserve.cli import (
     broker,
     capture,
     deploy,
+    explain,
     gateway,
     health,
     importing,
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     gateway.register(sub)  # gateway
     health.register(sub)  # health
     capture.register(sub)  # inspect, lineage, drift
+    explain.register(sub)  # explain, explainer
     ui.register(sub)  # ui
     parity.register(sub)  # parity train
     acl.register(sub)  # acl: the least Kafka ACLs per stage, gateway, tuner, UI

@@ -7,6 +7,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                            extra_args=["--plan", args.plan] if args.plan else [])
         asyncio.run(create_topology_topics(topology, kafka))
         host.start_processes()
+        explainer = _start_explainer(args, topology, kafka, host.environment())
         # A crash loop ends the run (exit status 1), through the same path as a SIGTERM, so that whatever
         # watches this command (a terminal, a container platform) sees it rather than a half-dead pipeline.
         supervisor = Supervisor(host, RestartPolicy(max_quick_deaths=args.max_restarts),
@@ -83,10 +86,37 @@ def cmd_run(args: argparse.Namespace) -> int:
             supervisor.stop()
             with console.status("stopping workers…"):
                 host.stop()
+                _stop(explainer)
         if supervisor.gave_up:
             console.print(f"[red]stopped:[/] {'; '.join(supervisor.gave_up.values())}")
             return 1
         return status
+
+
+def _start_explainer(args: argparse.Namespace, topology: Topology, kafka: KafkaSettings,
+                     env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+    """The explain side branch (``flowserve explainer``) in a process of its own, when the topology has an
+    ``explain:`` section: it reads the requests in its own consumer group, so callers never wait for it."""
+    if not topology.explained:
+        return None
+    log: int | object = subprocess.DEVNULL
+    if args.log_dir:
+        Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+        log = open(Path(args.log_dir) / "explainer.log", "ab")  # noqa: SIM115 - owned by the child
+    console.print(f"[green]explaining[/] sampled requests to [bold]{topology.explanations_topic}[/]")
+    return subprocess.Popen([sys.executable, "-m", "flowserve", "explainer", args.topology, "--broker",  # noqa: S603
+                             kafka.bootstrap], stdout=log, stderr=subprocess.STDOUT, env=env)  # type: ignore[arg-type]
+
+
+def _stop(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _sample(topology: Topology, kafka: KafkaSettings, args: argparse.Namespace) -> int:
