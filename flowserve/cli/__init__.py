@@ -32,6 +32,7 @@ from flowserve.cli import (
     importing,
     learning,
     measure,
+    models,
     parity,
     planning,
     run,
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     learning.register(sub)  # learn, shadow, versions, promote, rollback
     importing.register(sub)  # import: topologies from an MLServer or Triton model repository
     measure.register(sub)  # profile, stats
+    models.register(sub)  # models list, load, unload
     planning.register(sub)  # trace, simulate, plan, tune
     for command in extensions():  # bench WORKLOAD, from flowserve-bench
         command.load()(sub)

@@ -54,7 +54,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from flowserve.runtime.metrics import read_snapshots, snapshot_rows  # the snapshot reader
+    from flowserve.runtime.metrics import per_model, read_snapshots, snapshot_rows  # the snapshot reader
 
 
     topology = load_topology(args.topology)
@@ -89,6 +89,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
              ("cache bytes", "cache_bytes")]  # nodes with a prediction cache (flowserve.cache)
     if any(key in row for row in rows for _, key in cache):
         cols += cache
+    models = [("models resident", "models_resident"), ("model loads", "model_loads"),
+              ("model evictions", "model_evictions"), ("model refusals", "model_refusals")]
+    if any(key in row for row in rows for _, key in models):  # many-model nodes (flowserve.models)
+        cols += models
     energy = _energy_columns(rows, snaps)
     cols += energy
     for title, _ in cols:
@@ -103,6 +107,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if row["age_s"] <= LIVE_AGE_S:
             live[str(row["node"])] += 1
     out.print("consumers per stage: " + ", ".join(f"{n} {c}" for n, c in live.items()))
+    _models_table(per_model(snaps))
     if energy:
         busy, idle = sum(r.get("energy_j", 0) for r in rows), sum(r.get("idle_j", 0) for r in rows)
         grams = sum(r.get("co2e_g", 0) for r in rows)
@@ -120,6 +125,21 @@ def _energy_columns(rows: list[dict[str, Any]], snaps: list[dict[str, Any]]) -> 
         row.update(energy_j=round(c.get("energy_mj", 0) / 1000, 3), idle_j=round(c.get("energy_idle_mj", 0) / 1000, 3),
                    co2e_g=round(c.get("co2e_ug", 0) / 1e6, 6))
     return [("energy J", "energy_j"), ("idle J", "idle_j"), ("CO2e g", "co2e_g")]
+
+
+def _models_table(counts: dict[str, dict[str, int]], top: int = 20) -> None:
+    """The busiest models of many-model nodes (flowserve.models), summed over workers; all: flowserve models list."""
+    if not counts:
+        return
+    busiest = sorted(counts.items(), key=lambda kv: (-kv[1]["answers"] - kv[1]["refusals"], kv[0]))[:top]
+    table = Table(title=f"models: the {len(busiest)} busiest of {len(counts)} with any activity")
+    cols = ("resident", "loads", "evictions", "refusals", "answers")
+    table.add_column("model")
+    for col in cols:
+        table.add_column(col, justify="right")
+    for name, c in busiest:
+        table.add_row(name, *(str(c[col]) for col in cols))
+    out.print(table)
 
 
 def _gateway_table(model: str, snaps: list[dict[str, Any]]) -> None:

@@ -64,8 +64,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = worker_process(topology, args.node, settings)  # OS priority: side branches yield the CPU
     watch_parent()  # a worker whose host was killed outright stops itself
     kafka = common.kafka(args.broker)
-    hooks = chain(cache_hooks, model_hooks, held_hooks, capture_hooks, parity_hooks(kafka, settings),
-                  selection_hooks(kafka), version_hooks(kafka, settings), energy_hooks(EnergySettings.from_env(
+    hooks = chain(cache_hooks, model_hooks(kafka, settings), held_hooks, capture_hooks,
+                  parity_hooks(kafka, settings), selection_hooks(kafka), version_hooks(kafka, settings),
+                  energy_hooks(EnergySettings.from_env(
                       enabled=args.energy, carbon_g_per_kwh=args.carbon_g_per_kwh, region=args.carbon_region)))
     if args.host == "faust":
         from flowserve.control.faust_host import run_worker  # faust: only for the faust host

@@ -19,6 +19,7 @@ from flowserve.gateway.admission import check_inputs
 from flowserve.gateway.bridge import KafkaBridge
 from flowserve.gateway.cache import CACHE_HEADER, ResponseCache
 from flowserve.gateway.health import Readiness, ReadinessProbe
+from flowserve.gateway.repository import Repository, hosted_models
 from flowserve.gateway.server import HttpServer, Request, Response, error_response, json_response
 from flowserve.gateway.settings import GatewaySettings
 from flowserve.gateway.tokens import Authorizer
@@ -26,14 +27,23 @@ from flowserve.kafka.replies import Reply
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.heap import settle
 from flowserve.topology.graph import Topology
-from flowserve.wire.envelope import H_RECONSTRUCTED, H_REPLY_TO, make_headers, new_request_id, new_traceparent, now_ms
+from flowserve.wire.envelope import (
+    H_MODEL,
+    H_RECONSTRUCTED,
+    H_REPLY_TO,
+    H_SERVED_BY,
+    make_headers,
+    new_request_id,
+    new_traceparent,
+    now_ms,
+)
 from flowserve.wire.feedback import decode_feedback, encode_feedback
 from flowserve.wire.tensors import encode_tensors
 from flowserve.wire.v2 import HEADER_LENGTH, InferRequest, encode_response, parse_infer
 
 log = logging.getLogger("flowserve.gateway")
 
-EXTENSIONS = ["binary_tensor_data", "health", "model_repository_metadata"]
+EXTENSIONS = ["binary_tensor_data", "health", "model_repository", "model_repository_metadata"]
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 _OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 #: how often readiness is probed while a model is refused (else every ``ready_cache_s``)
@@ -74,6 +84,9 @@ class Gateway:
         if len(set(names)) != len(names):
             raise WireError(f"two topologies share a name: {names}")
         self.models = {t.name: t for t in topologies}
+        #: the models of many-model nodes, each served as a V2 model of its own (flowserve.gateway.repository)
+        self.hosted = hosted_models(topologies)
+        self.repository = Repository(self.models, self.hosted, kafka, self._not_ready)
         self.kafka = kafka
         self.bridge = KafkaBridge(list(topologies), kafka, self.settings.instance)
         self.probe = ReadinessProbe(list(topologies), kafka, self.settings.ready_cache_s)
@@ -84,7 +97,7 @@ class Gateway:
                                  idle_timeout_s=self.settings.idle_timeout_s,
                                  reuse_port=self.settings.reuse_port)
         #: who may do what (flowserve.gateway.tokens); counts every refusal
-        self.auth = Authorizer(self.settings.tokens, self.settings.grants, served=self.models)
+        self.auth = Authorizer(self.settings.tokens, self.settings.grants, served=[*self.models, *self.hosted])
         self._metadata = {name: self._model_metadata(t) for name, t in self.models.items()}
         #: answers of topologies with a top-level ``cache:`` (flowserve.gateway.cache)
         self.responses = ResponseCache(list(topologies))
@@ -159,10 +172,15 @@ class Gateway:
             return self._only(request, "GET") or await self._ready(None)
         if rest == ["gateway", "stats"]:
             return self._only(request, "GET") or json_response(200, self.stats())
+        if rest[0] == "repository":
+            return await self.repository.handle(rest[1:], request)
         if rest[0] != "models" or len(rest) < 2:
             return error_response(404, f"no route {request.path}")
         name = rest[1]
         topology = self.models.get(name)
+        model = None  # a model of a many-model node: its topology's route, the model named in fs-model
+        if topology is None and name in self.hosted:
+            topology, model = self.hosted[name][0], name
         if topology is None:
             return error_response(404, f"unknown model '{name}' (models: {', '.join(self.models)})")
         tail = rest[2:]
@@ -172,11 +190,11 @@ class Gateway:
                                            f"(versions: {topology.version})")
             tail = tail[2:]
         if not tail:
-            return self._only(request, "GET") or json_response(200, self._metadata[name])
+            return self._only(request, "GET") or json_response(200, {**self._metadata[topology.name], "name": name})
         if tail == ["ready"]:
-            return self._only(request, "GET") or await self._ready(name)
+            return self._only(request, "GET") or await self._ready(topology.name)
         if tail == ["infer"]:
-            return self._only(request, "POST") or await self._infer(topology, request)
+            return self._only(request, "POST") or await self._infer(topology, request, model)
         if tail == ["feedback"]:
             return self._only(request, "POST") or await self._feedback(topology, request)
         return error_response(404, f"no route {request.path}")
@@ -224,6 +242,10 @@ class Gateway:
             return error_response(503, "not ready: " + "; ".join(bad))
         return json_response(200, {"ready": True})
 
+    async def _not_ready(self) -> dict[str, str]:
+        """Topology -> why it cannot answer now (the repository index's ``UNAVAILABLE``)."""
+        return {name: s.reason for name, s in (await self._readiness()).items() if not s.ready}
+
     @staticmethod
     def _model_metadata(t: Topology) -> dict[str, Any]:
         return {
@@ -264,7 +286,7 @@ class Gateway:
 
     # -- inference ---------------------------------------------------------------------------------
 
-    async def _infer(self, topology: Topology, request: Request) -> Response:
+    async def _infer(self, topology: Topology, request: Request, model: str | None = None) -> Response:
         header_id = request.headers.get("x-request-id")
         echo = {"X-Request-Id": header_id} if header_id else {}
         if self.bridge.in_flight() >= self.settings.max_inflight:
@@ -297,13 +319,16 @@ class Gateway:
             return error_response(status_of(ErrorKind.OVERSIZE), f"the request's tensors take {len(value)} bytes, "
                                   f"more than model '{topology.name}' accepts ({topology.spec.max_message_bytes})",
                                   echo, ErrorKind.OVERSIZE)
-        cache_key = self.responses.key(topology, parsed.tensors, request.headers)
+        # a many-model node's answer depends on the model, which the cache does not key on
+        cache_key = None if model else self.responses.key(topology, parsed.tensors, request.headers)
         if cache_key is not None and (cached := self.responses.get(topology, cache_key)) is not None:
             return _answer(topology, rid, cached, parsed, None, {**echo, CACHE_HEADER: "hit"})
         if self.bridge.has(rid):
             return error_response(409, f"request id '{rid}' is already in flight; ids must be unique", echo)
         extra = {k: v for k, v in request.headers.items() if k.startswith("x-")}
         extra[H_REPLY_TO] = self.bridge.reply_topic(topology)
+        if model is not None:
+            extra[H_MODEL] = model
         traceparent = request.headers.get("traceparent", "")
         headers = make_headers(rid, topology=topology.name, version=topology.version,
                                deadline_ms=now_ms() + timeout_ms,
@@ -329,7 +354,9 @@ class Gateway:
             if group is None:
                 self.responses.put(topology, cache_key, reply.tensors)
             echo[CACHE_HEADER] = "miss"
-        return _answer(topology, rid, reply.tensors, parsed, params, echo)
+        served = reply.headers.get(H_SERVED_BY)  # the model that computed it, on a many-model node's answer
+        return _answer(topology, rid, reply.tensors, parsed, params, echo,
+                       served.decode("utf-8", "replace") if served else None)
 
     # -- feedback ----------------------------------------------------------------------------------
 
@@ -368,9 +395,10 @@ class Gateway:
 
 
 def _answer(topology: Topology, rid: str, tensors: dict[str, Any], parsed: InferRequest,
-            params: dict[str, Any] | None, headers: dict[str, str]) -> Response:
-    """The V2 response to request ``rid`` (JSON, or binary when it asked for binary outputs)."""
-    body, header_length = encode_response(topology.name, topology.version, rid, tensors, parsed, params)
+            params: dict[str, Any] | None, headers: dict[str, str], model: str | None = None) -> Response:
+    """The V2 response to request ``rid`` (JSON, or binary when it asked for binary outputs); ``model_name``
+    is ``model`` (the model of a many-model node that answered) or the topology's name."""
+    body, header_length = encode_response(model or topology.name, topology.version, rid, tensors, parsed, params)
     if header_length is None:
         return Response(200, body, headers=headers)
     return Response(200, body, "application/octet-stream", {**headers, "Inference-Header-Content-Length":

@@ -231,7 +231,7 @@ class Scheduler(Lanes):
         cold = sorted((q[0][0], m) for m, q in self.queues.items() if m not in self.ready and m not in self.loading)
         if not cold:
             return None
-        next_use = self._next_use(now)
+        next_use = self.next_use(now)
         for deadline, model in cold:
             window = deadline - self.batch_s(model, 1)
             if now + self.load_s(model) > window:
@@ -242,7 +242,7 @@ class Scheduler(Lanes):
                 return self.start_load(model, evict, now, window)
         return None
 
-    def _next_use(self, now: float) -> dict[str, float]:
+    def next_use(self, now: float) -> dict[str, float]:
         """Each resident model's next predicted use: its earliest deadline when requests wait for it, else
         its next predicted arrival."""
         out = {}

@@ -17,7 +17,10 @@ bottleneck a worker waits on anyway.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import math
 import time
 from collections import Counter
@@ -26,14 +29,19 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
+from aiokafka import TopicPartition
 
 from flowserve.component import Batch, Component, read_result, require
 from flowserve.errors import ErrorKind, Failure, FlowserveError
+from flowserve.kafka.clients import make_consumer
+from flowserve.kafka.control import ModelAction, read_model_command
+from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.models.capabilities import ServesModels
 from flowserve.models.catalogue import Catalogue
 from flowserve.models.scheduler import Action, ActionKind, Scheduler
 from flowserve.runtime.emit import Item
-from flowserve.runtime.hooks import Outcome, StageContext, StageHooks
+from flowserve.runtime.hooks import HookFactory, Outcome, StageContext, StageHooks
+from flowserve.runtime.metrics import PER_MODEL
 from flowserve.topology.graph import Node, Topology
 from flowserve.topology.spec import ModelsSpec
 from flowserve.wire.envelope import (
@@ -46,6 +54,11 @@ from flowserve.wire.envelope import (
     inherit,
     now_ms,
 )
+
+log = logging.getLogger("flowserve.models")
+
+#: how long the control follower's fetch waits on an idle topic (commands are rare)
+FOLLOW_WAIT_MS = 500
 
 #: one request's rows per output port, or why it failed
 Served = dict[str, np.ndarray] | Failure
@@ -87,8 +100,13 @@ class ModelsAnswer:
 class ModelHooks(StageHooks):
     """Serves a many-model node's requests by their ``fs-model`` header (see the module's doc)."""
 
-    def __init__(self, node: Node, component: ServesModels, catalogue: Catalogue, spec: ModelsSpec) -> None:
+    def __init__(self, node: Node, component: ServesModels, catalogue: Catalogue, spec: ModelsSpec, *,
+                 topology: Topology | None = None, kafka: KafkaSettings | None = None,
+                 settings: WorkerSettings | None = None) -> None:
         self.node = node
+        self.topology = topology
+        self.kafka = kafka
+        self.settings = settings or WorkerSettings()
         self.component = component
         self.catalogue = catalogue
         self.spec = spec
@@ -101,14 +119,89 @@ class ModelHooks(StageHooks):
         self.scheduler = Scheduler(catalogue, capacity, max_batch=spec.max_batch, margin=spec.margin,
                                    horizon=spec.slo_ms / 1000)
         self.answers: Counter[str] = Counter()
+        self.loads: Counter[str] = Counter()
+        self.evictions: Counter[str] = Counter()
         self.failed = 0
         self._lanes = {ActionKind.LOAD: ThreadPoolExecutor(1, thread_name_prefix=f"{node.id}-copy"),
                        ActionKind.BATCH: ThreadPoolExecutor(1, thread_name_prefix=f"{node.id}-compute")}
         self._stage: StageContext | None = None
         self._by: dict[int, str] = {}  # id of a request's Ready -> the model that answered it
+        self._commands: list[tuple[str, ModelAction]] = []  # from the control topic, applied between batches
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
     def start(self, stage: StageContext) -> None:
         self._stage = stage
+        if self.kafka is not None and self.topology is not None:
+            self._task = asyncio.get_running_loop().create_task(self._follow(), name=f"models-{self.node.id}")
+
+    # -- operator commands: load and unload (the V2 repository API, flowserve models) ----------------
+
+    async def _follow(self) -> None:
+        """Read model commands for this node from the control topic, from its end at start."""
+        assert self.kafka is not None and self.topology is not None
+        settings = self.settings.model_copy(update={"fetch_max_wait_ms": FOLLOW_WAIT_MS})
+        consumer = make_consumer(self.kafka, settings, group_id=None, client_id=f"fs-{self.node.id}-models",
+                                 max_message_bytes=self.topology.spec.max_message_bytes)
+        await consumer.start()
+        try:
+            tp = TopicPartition(self.topology.control_topic, 0)
+            consumer.assign([tp])
+            await consumer.seek_to_end(tp)
+            await consumer.position(tp)
+            while not self._stop.is_set():
+                fetched = await consumer.getmany(tp, timeout_ms=FOLLOW_WAIT_MS, max_records=100)
+                for record in fetched.get(tp, []):
+                    command = read_model_command(record.value, self.node.id)
+                    if command is not None:
+                        self._commands.append(command)
+        except Exception as exc:  # noqa: BLE001 - without commands the node still serves: say so
+            log.error("node %s: model commands no longer followed: %r", self.node.id, exc)
+        finally:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+
+    def after_step(self, *, force: bool) -> bool:
+        commands, self._commands = self._commands, []
+        for model, action in commands:
+            if model not in self.catalogue.by_name:
+                log.warning("node %s: %s of unknown model '%s' ignored", self.node.id, action, model)
+            elif action == "load":
+                self.load(model)
+            else:
+                self.unload(model)
+        return True
+
+    def load(self, model: str) -> bool:
+        """Make ``model`` resident now (between batches), evicting as a load on demand would; False when
+        it is resident already or memory cannot be made."""
+        sched, now = self.scheduler, time.monotonic()
+        if model in sched.memory:
+            return False
+        evict = sched.memory.victims(self.catalogue.spec(model).size_bytes, now=now,
+                                     next_use=sched.next_use(now))
+        if evict is None:
+            log.warning("node %s: cannot load model '%s': every resident model is in use", self.node.id, model)
+            return False
+        action = sched.start_load(model, evict, now, math.inf)
+        self._started(action)
+        future = self._lanes[ActionKind.LOAD].submit(self._run, action, ())
+        served: list[Served | None] = []
+        wait([future])
+        self._finish(action, future, (), served, time.monotonic())
+        return True
+
+    def unload(self, model: str) -> bool:
+        """Drop ``model`` from device memory (False when it is not resident or is in use)."""
+        sched = self.scheduler
+        resident = sched.memory.resident.get(model)
+        if resident is None or resident.pins or model in sched.loading:
+            return False
+        sched.memory.evict(model)
+        sched.ready.discard(model)
+        self.evictions[model] += 1
+        self._lanes[ActionKind.LOAD].submit(self.component.unload_model, model).result()
+        return True
 
     # -- serving a batch ---------------------------------------------------------------------------
 
@@ -146,6 +239,7 @@ class ModelHooks(StageHooks):
                 served[rid] = Failure(ErrorKind.DEADLINE, f"refused by node '{self.node.id}': model "
                                       f"'{_model(items[rid])}' cannot answer before the request's deadline")
             for action in step.actions:
+                self._started(action)
                 running[self._lanes[action.kind].submit(self._run, action, items)] = action
             if not running:
                 if all(s is not None for s in served):
@@ -163,6 +257,11 @@ class ModelHooks(StageHooks):
                 action = running.pop(future)
                 self._finish(action, future, items, served, clock())
         return [s if s is not None else Failure(ErrorKind.UNKNOWN, "unanswered") for s in served]
+
+    def _started(self, action: Action) -> None:
+        if action.kind is ActionKind.LOAD:
+            self.loads[action.model] += 1
+            self.evictions.update(action.evicted)
 
     def _run(self, action: Action, items: Sequence[Item]) -> Any:
         """On a lane's thread: the component's load (after its evictions) or batch."""
@@ -237,19 +336,29 @@ class ModelHooks(StageHooks):
     # -- reporting ---------------------------------------------------------------------------------
 
     def counters(self) -> Mapping[str, int]:
+        """Totals, and per model ``model/<name>/<what>`` for each count that is not zero (``flowserve
+        stats``, the V2 repository index)."""
         sched = self.scheduler
-        return {"models_resident": len(sched.memory.resident), "model_loads": sched.memory.loads,
-                "model_evictions": sched.memory.evictions, "model_refusals": sum(sched.refusals.values()),
-                "model_answers": sum(self.answers.values())}
+        out = {"models_resident": len(sched.memory.resident), "model_loads": sched.memory.loads,
+               "model_evictions": sched.memory.evictions, "model_refusals": sum(sched.refusals.values()),
+               "model_answers": sum(self.answers.values())}
+        for name, counts in self.per_model().items():
+            out.update({f"model/{name}/{what}": n for what, n in counts.items() if n})
+        return out
 
     def per_model(self) -> dict[str, dict[str, int]]:
-        """Per model with any activity: resident (0/1), answers and refusals."""
+        """Per model with any activity: :data:`~flowserve.runtime.metrics.PER_MODEL`'s counts."""
         sched = self.scheduler
-        names = set(sched.memory.resident) | set(self.answers) | set(sched.refusals)
-        return {n: {"resident": int(n in sched.memory.resident), "answers": self.answers[n],
-                    "refusals": sched.refusals[n]} for n in sorted(names)}
+        per = {name: dict.fromkeys(PER_MODEL, 0) for name in (set(sched.memory.resident) | set(self.answers)
+                                                             | set(sched.refusals) | set(self.loads))}
+        for name, counts in per.items():
+            counts.update(resident=int(name in sched.ready), loading=int(name in sched.loading),
+                          loads=self.loads[name], evictions=self.evictions[name], refusals=sched.refusals[name],
+                          answers=self.answers[name])
+        return per
 
     def close(self) -> None:
+        self._stop.set()
         for lane in self._lanes.values():
             lane.shutdown(wait=True)
 
@@ -259,12 +368,18 @@ def _model(item: Item) -> str:
     return raw.decode("utf-8", "replace") if raw else ""
 
 
-def model_hooks(topology: Topology, node: Node, component: Component) -> list[StageHooks]:
+def model_hooks(kafka: KafkaSettings | None = None, settings: WorkerSettings | None = None) -> HookFactory:
     """The :data:`~flowserve.runtime.hooks.HookFactory` of many-model nodes: a :class:`ModelHooks` for a node
-    whose YAML declares ``models:``, nothing elsewhere."""
-    spec = node.models
-    if spec is None:
-        return []
-    serves = require(component, ServesModels, "serve many models",
-                     "use a component with load_model, unload_model and run_model (flowserve.models.ServesModels)")
-    return [ModelHooks(node, serves, Catalogue.declared(spec, node=node.id), spec)]
+    whose YAML declares ``models:``, nothing elsewhere. With ``kafka`` the hook also follows the control
+    topic for load and unload commands (:func:`flowserve.kafka.control.model_command`)."""
+
+    def factory(topology: Topology, node: Node, component: Component) -> list[StageHooks]:
+        spec = node.models
+        if spec is None:
+            return []
+        serves = require(component, ServesModels, "serve many models", "use a component with load_model, "
+                         "unload_model and run_model (flowserve.models.ServesModels)")
+        return [ModelHooks(node, serves, Catalogue.declared(spec, node=node.id), spec, topology=topology,
+                           kafka=kafka, settings=settings)]
+
+    return factory

@@ -40,6 +40,10 @@ PARITY_COUNTERS = ("parity_groups", "parity_queries", "parity_abandoned", "parit
                    "parity_late_real")
 #: counters of a node's prediction cache (flowserve.cache), where its YAML asks for one
 CACHE_COUNTERS = ("cache_hits", "cache_misses", "cache_evictions", "cache_bytes")
+#: counters of a many-model node (flowserve.models); per model, ``model/<name>/<what>`` for each of
+#: :data:`PER_MODEL` that is not zero (``resident`` and ``loading`` are 0 or 1)
+MODEL_COUNTERS = ("models_resident", "model_loads", "model_evictions", "model_refusals", "model_answers")
+PER_MODEL = ("resident", "loading", "loads", "evictions", "refusals", "answers")
 
 
 def worker_id() -> str:
@@ -206,6 +210,40 @@ async def read_snapshots(topology: Topology, kafka: KafkaSettings, *, per_partit
     return sorted(latest.values(), key=lambda s: (str(s.get("node")), str(s.get("worker"))))
 
 
+def per_model(snaps: list[dict[str, Any]], node: str | None = None) -> dict[str, dict[str, int]]:
+    """Model -> its :data:`PER_MODEL` counts summed over the workers' snapshots (of ``node`` only, if given);
+    ``resident`` and ``loading`` count the workers that hold, or are loading, the model."""
+    out: dict[str, dict[str, int]] = {}
+    for s in snaps:
+        if node is not None and s.get("node") != node:
+            continue
+        for key, value in s.get("counters", {}).items():
+            parts = key.split("/")
+            if len(parts) == 3 and parts[0] == "model" and parts[2] in PER_MODEL and isinstance(value, int):
+                counts = out.setdefault(parts[1], dict.fromkeys(PER_MODEL, 0))
+                counts[parts[2]] += value
+    return out
+
+
+def model_states(topology: Topology, snaps: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The V2 repository index of ``topology``'s many-model nodes: each model with its state, ``READY``
+    (a worker holds it), ``LOADING`` (one is loading it) or ``UNAVAILABLE`` (none holds it; a request loads
+    it on demand), from the workers' latest snapshots (:func:`read_snapshots`)."""
+    index = []
+    for node in topology.nodes.values():
+        if node.models is None:
+            continue
+        counts = per_model(snaps, node.id)
+        for name in node.models.model_names():
+            c = counts.get(name, {})
+            state = "READY" if c.get("resident") else "LOADING" if c.get("loading") else "UNAVAILABLE"
+            reason = {"READY": f"resident on {c.get('resident')} worker(s) of node '{node.id}'",
+                      "LOADING": f"loading on node '{node.id}'",
+                      "UNAVAILABLE": "not resident (loaded on demand)"}[state]
+            index.append({"name": name, "version": topology.version, "state": state, "reason": reason})
+    return index
+
+
 def snapshot_rows(snaps: list[dict[str, Any]], now_ms: int | None = None) -> list[dict[str, Any]]:
     """Flat rows for the ``flowserve stats`` table."""
     now_ms = now_ms or int(time.time() * 1000)
@@ -223,5 +261,6 @@ def snapshot_rows(snaps: list[dict[str, Any]], now_ms: int | None = None) -> lis
             **{k: c.get(k, 0) for k in COUNTERS},
             **{k: c[k] for k in PARITY_COUNTERS if k in c},
             **{k: c[k] for k in CACHE_COUNTERS if k in c},
+            **{k: c[k] for k in MODEL_COUNTERS if k in c},
         })
     return rows

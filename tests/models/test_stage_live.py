@@ -49,7 +49,7 @@ async def test_every_answer_comes_from_the_model_it_named(kafka, write_topology)
     topology = _zoo(write_topology)
     component = cast(EmulatedModels, topology.nodes["zoo"].component)  # type: ignore[attr-defined]
     names = [f"m-{i:05d}" for i in range(30)]
-    async with InlineHost(topology, kafka, hooks=model_hooks) as host, \
+    async with InlineHost(topology, kafka, hooks=model_hooks()) as host, \
             TopologyClient(topology, kafka) as client:  # type: ignore[arg-type]
         (hook,) = [h for h in host.workers[0].hooks if isinstance(h, ModelHooks)]
         sent: dict[str, tuple[str, np.ndarray]] = {}
