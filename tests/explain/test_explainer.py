@@ -6,6 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,3 +128,63 @@ def test_sampling_is_a_stable_share_of_request_ids() -> None:
     assert picked == [rid for rid in ids if sampled(rid, 0.01)]  # the same ids every time, in every process
     assert all(sampled(rid, 1.0) for rid in ids[:10]) and not any(sampled(rid, 0.0) for rid in ids[:10])
     assert set(picked) <= {rid for rid in ids if sampled(rid, 0.05)}  # a larger share keeps the smaller's
+
+
+def _children(pid: int, word: bytes) -> list[int]:
+    """The child processes of ``pid`` whose command line holds ``word`` (from /proc, Linux)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        for child in map(int, (task / "children").read_text().split()):
+            with contextlib.suppress(FileNotFoundError):
+                if word in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
+                    out.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+async def test_flowserve_run_starts_the_explainer_and_stops_it(kafka, write_topology) -> None:  # noqa: ANN001
+    from flowserve_components.digits import sample
+
+    path = write_topology(DIGITS.replace("SAMPLE", "1.0"))
+    topology = load_topology_text(path.read_text())
+    proc = subprocess.Popen([sys.executable, "-m", "flowserve", "run", str(path), "--broker", kafka.bootstrap],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "400",
+                                 "FLOWSERVE_FETCH_MAX_WAIT_MS": str(kafka.fetch_max_wait_ms)})
+    explainers: list[int] = []
+    try:
+        assert proc.stderr is not None
+        seen = ""
+        while "running" not in seen:  # printed once the topics exist and the processes are started
+            line = await asyncio.to_thread(proc.stderr.readline)
+            assert line, seen
+            seen += line
+        explainers = _children(proc.pid, b"explainer")
+        assert len(explainers) == 1, seen
+        requests, _ = sample(3, seed=11)
+        ids = [f"run-{i}" for i in range(len(requests))]
+        async with TopologyClient(topology, kafka) as client:
+            await wait_ready(client, requests[0])
+            calls = (client.call(r, request_id=rid) for rid, r in zip(ids, requests, strict=True))
+            replies = await asyncio.gather(*calls)
+        assert [r.error for r in replies] == [None] * len(ids)
+        found = await _read(kafka, topology.explanations_topic, set(ids))
+        assert all("error" not in found[rid] and found[rid]["method"] == "integrated_gradients" for rid in ids)
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.to_thread(proc.wait, 60) == 0
+        assert not any(_alive(pid) for pid in explainers)  # run stopped its explainer too
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in explainers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
