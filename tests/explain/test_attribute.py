@@ -11,6 +11,7 @@ import pytest
 
 from flowserve.errors import ComponentError, ErrorKind
 from flowserve.explain import Chain, ExplainError, Explanation, explain, integrated_gradients, targets
+from flowserve.explain.service import sampled
 from flowserve.topology import load_topology, load_topology_text
 
 pytest.importorskip("captum")
@@ -126,3 +127,12 @@ def test_the_shipped_digits_topology_has_no_explain_section_and_no_explanations_
     assert targets(topology) == [] and not topology.explained
     assert topology.explanations_topic not in topology.topics()
     assert _topology().explanations_topic in _topology().topics()
+
+
+def test_sampling_is_a_stable_share_of_request_ids() -> None:
+    ids = [f"req-{i}" for i in range(4000)]
+    picked = [rid for rid in ids if sampled(rid, 0.01)]
+    assert 20 <= len(picked) <= 60  # about 1% of 4000
+    assert picked == [rid for rid in ids if sampled(rid, 0.01)]  # the same ids every time, in every process
+    assert all(sampled(rid, 1.0) for rid in ids[:10]) and not any(sampled(rid, 0.0) for rid in ids[:10])
+    assert set(picked) <= {rid for rid in ids if sampled(rid, 0.05)}  # a larger share keeps the smaller's
