@@ -25,8 +25,9 @@ from flowserve.errors import FlowserveError
 from flowserve.runtime import hardware as hw
 from flowserve.topology.graph import load_topology
 from flowserve.tuning.objectives import OBJECTIVES, account_energy, plan_for_objective
-from flowserve.tuning.plan import Plan, make_plan, sim_stages, stage_options
+from flowserve.tuning.plan import Plan, make_plan, stage_options
 from flowserve.tuning.simulate import simulate
+from flowserve.tuning.stages import sim_stages
 from flowserve.tuning.traces import generate
 from flowserve_bench import graphs
 from flowserve_bench.planner_speed import PIPELINES

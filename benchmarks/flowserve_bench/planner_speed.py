@@ -23,7 +23,8 @@ from flowserve.errors import FlowserveError
 from flowserve.runtime import hardware as hw
 from flowserve.topology.graph import load_topology
 from flowserve.tuning import simulate as sim
-from flowserve.tuning.plan import Plan, make_plan, sim_stages, stage_options
+from flowserve.tuning.plan import Plan, make_plan, stage_options
+from flowserve.tuning.stages import sim_stages
 from flowserve.tuning.traces import generate
 from flowserve_bench import graphs
 

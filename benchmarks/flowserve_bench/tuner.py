@@ -48,9 +48,10 @@ from flowserve.runtime import hardware as hw
 from flowserve.runtime.host import ProcessHost, create_topology_topics
 from flowserve.topology.graph import Topology, load_topology
 from flowserve.tuning.cluster import LOCAL_START_S, PAUSE_S
-from flowserve.tuning.plan import Plan, apply_plan, make_plan, save_plan, sim_stages, stage_options
+from flowserve.tuning.plan import Plan, apply_plan, make_plan, save_plan, stage_options
 from flowserve.tuning.scalers import LocalScaler
 from flowserve.tuning.simulate import simulate
+from flowserve.tuning.stages import sim_stages
 from flowserve.tuning.traces import Trace, generate
 from flowserve.tuning.tuner import Action, tune
 from flowserve_bench import graphs

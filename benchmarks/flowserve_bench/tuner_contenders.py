@@ -26,10 +26,12 @@ import numpy as np
 
 from flowserve.runtime import hardware as hw
 from flowserve.topology.graph import Topology
+from flowserve.tuning.bounds import Bounds
 from flowserve.tuning.cluster import PAUSE_S, Cluster, Replicas, replicas_for
 from flowserve.tuning.curves import TokenBucket, family, windows
-from flowserve.tuning.plan import Bounds, Plan, StageConfig, StageOptions, sim_stages
+from flowserve.tuning.plan import Plan
 from flowserve.tuning.simulate import SimResult, SimStage, simulate
+from flowserve.tuning.stages import StageConfig, StageOptions, sim_stages
 from flowserve.tuning.targets import targets_from_plan
 from flowserve.tuning.tuner import Action, Controller
 from flowserve_bench.keda import PRESETS, KedaAutoscaler, autoscalers

@@ -27,8 +27,9 @@ from rich.table import Table
 from flowserve.runtime import hardware as hw
 from flowserve.topology.graph import load_topology
 from flowserve.tuning.cluster import PAUSE_S, START_S
-from flowserve.tuning.plan import Plan, StageConfig, make_plan, planned_envelope, stage_options
+from flowserve.tuning.plan import Plan, make_plan, planned_envelope, stage_options
 from flowserve.tuning.simulate import batch_time
+from flowserve.tuning.stages import StageConfig
 from flowserve.tuning.traces import SCALE_KINDS, Trace, at_scale, generate, load_trace
 from flowserve_bench import graphs
 from flowserve_bench.common import console

@@ -92,8 +92,9 @@ def _stage_table(title: str, plan: Any, stats: dict[str, Any]) -> Table:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from flowserve.tuning.fusion_plan import fused_options
-    from flowserve.tuning.plan import load_plan, sim_stages, stage_options
+    from flowserve.tuning.plan import load_plan, stage_options
     from flowserve.tuning.simulate import simulate
+    from flowserve.tuning.stages import sim_stages
     from flowserve.tuning.traces import load_trace
 
     topology = load_topology(args.topology)
@@ -125,8 +126,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from flowserve.runtime import hardware as hw
     from flowserve.tuning.fusion_plan import fused_options, make_fused_plan
     from flowserve.tuning.objectives import plan_for_objective
-    from flowserve.tuning.plan import make_plan, save_plan, sim_stages, stage_options
+    from flowserve.tuning.plan import make_plan, save_plan, stage_options
     from flowserve.tuning.simulate import simulate
+    from flowserve.tuning.stages import sim_stages
     from flowserve.tuning.traces import load_trace
 
     topology = load_topology(args.topology)

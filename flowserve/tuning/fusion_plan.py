@@ -29,18 +29,10 @@ import numpy as np
 from flowserve.errors import FlowserveError
 from flowserve.topology.graph import Topology
 from flowserve.topology.spec import ID_PATTERN
-from flowserve.tuning.plan import (
-    Plan,
-    StageConfig,
-    StageOptions,
-    build_plan,
-    cost,
-    default_prices,
-    priced_options,
-    search,
-    sum_tables,
-)
+from flowserve.tuning.plan import Plan, build_plan, default_prices, priced_options, sum_tables
+from flowserve.tuning.search import search
 from flowserve.tuning.simulate import SimResult
+from flowserve.tuning.stages import StageConfig, StageOptions, cost
 
 Chains = dict[str, list[str]]
 #: (cost per hour, p99 seconds, configuration, result), or None where no configuration meets the SLO

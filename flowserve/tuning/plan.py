@@ -1,35 +1,20 @@
-"""The planner (``flowserve plan``): the cheapest per-stage configuration whose simulated p99 meets the SLO.
+"""The planner (``flowserve plan``): a plan file from a topology and a trace.
 
-InferLine's low-frequency planner. Each stage has options: the hardware kinds it can run on (from its
-component's declared latency table, or the topology's measured profile for a CPU stage), a max batch and
-a number of consumers. The search:
-
-1. **feasible start**: every stage at batch 1 on its fastest hardware, with the fewest consumers the
-   bounds allow (:class:`Bounds`); while the simulated p99 misses the SLO, grow the busiest stage by a
-   quarter (up to MAX_CONSUMERS);
-2. **greedy cost reduction**: for every stage, the families of cheaper variants (its hardware with fewer
-   consumers, or the next cheaper kind; the batch as it is or doubled up to 64), each at the fewest
-   consumers that meet the SLO (bisected); take the cheapest; repeat until no family is cheaper.
-
-**Pruning**: the trace's arrival curve against a stage's maximum service curve bounds from below how
-many requests miss (network calculus's lower delay bound); a candidate the bound refuses is not
-simulated, and a family whose fewest allowed consumers already cost more than the best found is skipped.
-The bound holds for the simulator itself, so pruning changes the time taken, not the plan.
-
-The plan file gives, per stage, the hardware kind, max batch and consumers, plus the topology's partition
-count: the most consumers any stage has, times ``headroom``, so that the tuner can add consumers without
-adding partitions. ``flowserve run --plan`` and ``flowserve worker --plan`` apply it (:func:`apply_plan`).
-``flowserve plan`` also chooses which chains of stages to fuse (:mod:`flowserve.tuning.fusion_plan`): a plan
-names them under ``fuse`` (a stage of the plan is then a chain) and says why under ``fusion``.
+A plan gives, per stage, the hardware kind, max batch and consumers the search found
+(:mod:`flowserve.tuning.search`: the cheapest configuration whose simulated p99 meets the SLO), plus the
+topology's partition count: the most consumers any stage has, times ``headroom``, so that the tuner can add
+consumers without adding partitions. Each stage's options come from its component's declared latency
+tables, or the topology's measured profile for a CPU stage. ``flowserve run --plan`` and ``flowserve worker
+--plan`` apply it (:func:`apply_plan`). ``flowserve plan`` also chooses which chains of stages to fuse
+(:mod:`flowserve.tuning.fusion_plan`): a plan names them under ``fuse`` (a stage of the plan is then a
+chain) and says why under ``fusion``.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,15 +31,13 @@ from flowserve.tuning import curves
 from flowserve.tuning.bounds import Bounds, required_stages  # noqa: F401 - required_stages: re-exported
 from flowserve.tuning.capabilities import latency_table, route_fractions
 from flowserve.tuning.documents import read_document
-from flowserve.tuning.simulate import SimResult, SimStage, batch_time, simulate
-from flowserve.tuning.stages import StageConfig, StageOptions
+from flowserve.tuning.search import MAX_BATCH, search
+from flowserve.tuning.simulate import SimResult, batch_time
+from flowserve.tuning.stages import StageConfig, StageOptions, cost, partitions_for
 
 PLAN_FORMAT = "flowserve-plan/1"
 #: A stage with neither a declared table nor a profile costs this (builtin plumbing such as Identity).
 NEGLIGIBLE_S = 5e-5
-MAX_BATCH = 64
-#: per stage: a cluster's worth (the search bisects, so the cap costs a few simulations, not a thousand)
-MAX_CONSUMERS = 1000
 
 
 @dataclass
@@ -171,176 +154,6 @@ def apply_plan(topology: Topology, plan: Plan) -> Topology:
                 "batching": BatchingSpec(policy="lag")})
     spec = topology.spec.model_copy(update={"nodes": nodes, "partitions": plan.partitions, "fuse": chains})
     return compile_spec(spec, topology.source)
-
-
-# -- the search ------------------------------------------------------------------------------------
-
-Evaluate = Callable[[dict[str, StageConfig]], SimResult]
-
-
-def sim_stages(options: Sequence[StageOptions], config: dict[str, StageConfig]) -> list[SimStage]:
-    return [SimStage(o.id, o.tables[config[o.id].hardware], o.inputs, config[o.id].consumers,
-                     config[o.id].max_batch, o.join, o.fractions, o.output) for o in options]
-
-
-def cost(config: dict[str, StageConfig], prices: dict[str, float]) -> float:
-    return sum(c.consumers * prices[c.hardware] for c in config.values())
-
-
-def partitions_for(config: dict[str, StageConfig], minimum: int = 1, headroom: float = 2.0) -> int:
-    """The topology's partitions under ``config``: at least the most consumers of any stage times
-    ``headroom``, and up to twice that, the count that spreads most evenly over every stage's consumers
-    (the range assignor gives some consumers ``ceil(P / c)`` partitions: the worst such excess decides)."""
-    base = max(minimum, math.ceil(max(c.consumers for c in config.values()) * headroom))
-    counts = {c.consumers for c in config.values() if c.consumers > 1}
-
-    def excess(p: int) -> float:
-        return max((math.ceil(p / c) * c / p for c in counts), default=1.0)
-
-    return min(range(base, 2 * base), key=lambda p: (excess(p), p)) if counts else base
-
-
-def search(options: Sequence[StageOptions], arrivals: np.ndarray, slo_s: float, *, prices: dict[str, float],
-           hop_s: float, overhead_s: float = 0.0, seed: int = 0, jitter: float = 0.05, percentile: float = 99.0,
-           min_partitions: int = 1, headroom: float = 2.0, prune: bool = True,
-           max_consumers: int = MAX_CONSUMERS, log: Callable[[str], None] | None = None,
-           counts: dict[str, int] | None = None) -> tuple[dict[str, StageConfig], SimResult]:
-    """InferLine's planner search (see the module docstring); the cheapest feasible config found.
-    ``prune=False`` simulates what the bounds would rule out (the same answer, slower: tests compare);
-    ``counts`` receives how many configurations were simulated and how many the bounds ruled out."""
-    tally = counts if counts is not None else {}
-    tally.update(simulated=0, pruned=0)
-    arrivals = np.sort(np.asarray(arrivals, dtype=float))
-    bounds = Bounds(options, arrivals, slo_s, percentile=percentile, hop_s=hop_s, overhead_s=overhead_s,
-                    jitter=jitter, seed=seed)
-    cache: dict[tuple[tuple[str, str, int, int], ...], SimResult] = {}
-
-    def run(config: dict[str, StageConfig]) -> SimResult:
-        key = tuple(sorted((k, v.hardware, v.max_batch, v.consumers) for k, v in config.items()))
-        if key not in cache:
-            tally["simulated"] += 1
-            cache[key] = simulate(sim_stages(options, config), arrivals,
-                                  partitions=partitions_for(config, min_partitions, headroom),
-                                  hop_s=hop_s, jitter=jitter, seed=seed, overhead_s=overhead_s)
-        return cache[key]
-
-    def ok(result: SimResult) -> bool:
-        return result.percentile(percentile) <= slo_s
-
-    def meets(config: dict[str, StageConfig]) -> SimResult | None:
-        if prune and bounds.rules_out(config):
-            tally["pruned"] += 1
-            return None
-        result = run(config)
-        return result if ok(result) else None
-
-    def batch_one(o: StageOptions, kind: str) -> float:
-        return o.tables[kind][min(o.tables[kind])]
-
-    fastest = {o.id: min(o.tables, key=functools.partial(batch_one, o)) for o in options}
-    # start where the bounds allow (fewer consumers cannot meet the SLO), grow the busiest stage by a quarter
-    config = {o.id: StageConfig(fastest[o.id], 1, min(max_consumers, bounds.fewest(o.id, fastest[o.id], 1)))
-              for o in options}
-    result = run(config)
-    while not ok(result):
-        busiest = max((s for s in options if config[s.id].consumers < max_consumers),
-                      key=lambda s: result.stages[s.id].utilisation + result.stages[s.id].mean_wait_s, default=None)
-        if busiest is None:
-            raise FlowserveError(f"no configuration meets p{percentile:g} <= {slo_s * 1000:.0f} ms even with "
-                                 f"{max_consumers} consumers per stage on the fastest hardware; relax the SLO")
-        now = config[busiest.id].consumers
-        grown = min(max_consumers, now + max(1, now // 4))
-        config = {**config, busiest.id: replace(config[busiest.id], consumers=grown)}
-        result = run(config)
-        if log:
-            log(f"feasible start: {busiest.id} x{grown} -> p99 {result.percentile(percentile) * 1000:.1f} ms")
-    answers: dict[tuple[str, str, int], int] = {}  # (stage, hardware, batch) -> its fewest, last time
-    while True:
-        current = cost(config, prices)
-        best: tuple[float, float, dict[str, StageConfig], SimResult] | None = None
-
-        # each family's cheapest conceivable cost: the fewest consumers the bounds allow
-        floors = {(sid, kind, batch, most): current - config[sid].consumers * prices[config[sid].hardware]
-                  + max(1, bounds.fewest(sid, kind, batch)) * prices[kind]
-                  for sid, kind, batch, most in _families(options, config, prices, max_consumers)}
-        for family in sorted(floors, key=floors.__getitem__):
-            if best is not None and prune and floors[family] > best[0] + 1e-12:
-                break  # no family from here on can beat the best found
-            found = _fewest_feasible(config, family, meets, answers.get(family[:3]))
-            if found is not None:
-                trial, r = found
-                answers[family[:3]] = trial[family[0]].consumers
-                c, p = cost(trial, prices), r.percentile(percentile)
-                if best is None or (c, p) < (best[0], best[1]):
-                    best = (c, p, trial, r)
-        if best is None:
-            return config, result
-        config, result = best[2], best[3]
-        if log:
-            log(f"cheaper: ${best[0]:.3f}/h, p99 {best[1] * 1000:.1f} ms")
-
-
-def _families(options: Sequence[StageOptions], config: dict[str, StageConfig], prices: dict[str, float],
-              max_consumers: int) -> list[tuple[str, str, int, int]]:
-    """The cheaper variants of each stage as (stage, hardware, max batch, most consumers that keep it
-    cheaper): its hardware with fewer consumers, or the next cheaper kind; the batch as it is or doubled up
-    to MAX_BATCH (cost does not depend on the batch)."""
-    out = []
-    for o in options:
-        cfg = config[o.id]
-        batches = [cfg.max_batch]
-        while batches[-1] < MAX_BATCH:
-            batches.append(min(MAX_BATCH, batches[-1] * 2))
-        now = cfg.consumers * prices[cfg.hardware]
-        kinds = [(cfg.hardware, cfg.consumers - 1)]
-        cheaper = sorted((k for k in o.tables if prices[k] < prices[cfg.hardware]), key=lambda k: -prices[k])
-        if cheaper:
-            kinds.append((cheaper[0], min(max_consumers, max(1, math.ceil(now / prices[cheaper[0]]) - 1))))
-        out += [(o.id, kind, b, most) for kind, most in kinds if most >= 1 for b in batches]
-    return out
-
-
-def _fewest_feasible(config: dict[str, StageConfig], family: tuple[str, str, int, int],
-                     meets: Callable[[dict[str, StageConfig]], SimResult | None], hint: int | None = None
-                     ) -> tuple[dict[str, StageConfig], SimResult] | None:
-    """The fewest consumers in ``family`` that meet the SLO (latency falls as consumers grow): galloping
-    out from ``hint`` (this family's answer in the previous round: one stage changed since, so the answer
-    moved little), then bisecting; plain bisection of [1, most] without a hint. The probes depend only on
-    the answers, so the bounds answering some of them change nothing but the time taken."""
-    sid, kind, batch, most = family
-    results: dict[int, SimResult | None] = {}
-
-    def feasible(c: int) -> bool:
-        if c not in results:
-            results[c] = meets({**config, sid: StageConfig(kind, batch, c)})
-        return results[c] is not None
-
-    # lo: the fewest not known to fail; hi: the fewest known to meet the SLO (most + 1: none known)
-    lo, hi = 1, most + 1
-    if hint is not None:
-        h = min(max(hint, 1), most)
-        step = 1
-        if feasible(h):
-            hi = h
-            while hi - step >= 1 and feasible(hi - step):
-                hi, step = hi - step, step * 2
-            lo = max(1, hi - step + 1)
-        else:
-            lo = h + 1
-            while lo + step - 1 <= most and not feasible(lo + step - 1):
-                lo, step = lo + step, step * 2
-            hi = min(most + 1, lo + step - 1)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if feasible(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    if hi > most or not feasible(hi):
-        return None
-    found = results[hi]
-    assert found is not None  # noqa: S101 - feasible(hi) holds
-    return {**config, sid: StageConfig(kind, batch, hi)}, found
 
 
 def make_plan(topology: Topology, arrivals: np.ndarray, slo_ms: float, *, hop_ms: float,

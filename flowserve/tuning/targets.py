@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from flowserve.tuning.capacity import safe_rate
-from flowserve.tuning.plan import Plan, StageOptions
+from flowserve.tuning.plan import Plan
 from flowserve.tuning.rules import StageTarget
 from flowserve.tuning.simulate import batch_time
+from flowserve.tuning.stages import StageOptions
 
 
 def targets_from_plan(options: Sequence[StageOptions], plan: Plan, *, profile: bool = True) -> list[StageTarget]:

@@ -13,7 +13,8 @@ from flowserve.deploy import keda as deploy_keda
 from flowserve.deploy.keda import DEFAULT_LAG_THRESHOLD, lag_threshold, lag_thresholds, path_stages, slo_shares
 from flowserve.errors import FlowserveError
 from flowserve.topology.graph import load_topology, load_topology_text
-from flowserve.tuning.plan import Plan, StageConfig
+from flowserve.tuning.plan import Plan
+from flowserve.tuning.stages import StageConfig
 from flowserve_bench import keda as bench_keda
 from flowserve_bench.keda import PRESETS, KedaAutoscaler, autoscalers, preset
 from flowserve_bench.tuner_report import tuner_targets

@@ -30,8 +30,9 @@ from flowserve.kafka.brokers.process import dies_with_us, free_port
 from flowserve.runtime.host import create_topology_topics
 from flowserve.topology import Topology, load_topology
 from flowserve.topology.names import deployment_name
-from flowserve.tuning.plan import Plan, StageConfig, apply_plan, save_plan
+from flowserve.tuning.plan import Plan, apply_plan, save_plan
 from flowserve.tuning.scalers import KubernetesScaler
+from flowserve.tuning.stages import StageConfig
 
 pytestmark = pytest.mark.external  # kube-apiserver built from the Kubernetes sources, etcd, kubectl
 

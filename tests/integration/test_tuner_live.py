@@ -20,8 +20,9 @@ from flowserve.kafka.admin import describe_partitions
 from flowserve.runtime.host import ProcessHost, create_topology_topics
 from flowserve.topology import Topology, load_topology
 from flowserve.tuning.partitions import PartitionGrowth
-from flowserve.tuning.plan import Plan, StageConfig, apply_plan, save_plan
+from flowserve.tuning.plan import Plan, apply_plan, save_plan
 from flowserve.tuning.scalers import LocalScaler
+from flowserve.tuning.stages import StageConfig
 from flowserve.tuning.tuner import Action, tune
 from flowserve.wire.envelope import H_REPLY_TO, make_headers
 from flowserve.wire.tensors import encode_tensors

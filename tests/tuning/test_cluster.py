@@ -12,8 +12,9 @@ import pytest
 from flowserve.topology.graph import load_topology
 from flowserve.tuning import cluster as cluster_module
 from flowserve.tuning.cluster import Cluster, Replicas
-from flowserve.tuning.plan import StageConfig, sim_stages, stage_options
+from flowserve.tuning.plan import stage_options
 from flowserve.tuning.simulate import SimStage, simulate
+from flowserve.tuning.stages import StageConfig, sim_stages
 from flowserve.tuning.traces import at_scale, generate
 
 ROOT = Path(__file__).parents[2]

@@ -16,7 +16,6 @@ from flowserve.topology import load_topology_text
 from flowserve.topology.fuse import Chain
 from flowserve.tuning.fusion_plan import _better, choose_fusion, fused_options, make_fused_plan
 from flowserve.tuning.plan import (
-    StageOptions,
     apply_plan,
     default_prices,
     load_plan,
@@ -26,6 +25,7 @@ from flowserve.tuning.plan import (
     stage_options,
     sum_tables,
 )
+from flowserve.tuning.stages import StageOptions
 from flowserve.tuning.traces import generate, load_trace, save_trace
 
 PORTS = "{x: {datatype: FP32, shape: [-1, 4]}}"

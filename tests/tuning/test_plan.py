@@ -9,21 +9,10 @@ import pytest
 
 from flowserve.errors import FlowserveError
 from flowserve.topology import load_topology
-from flowserve.tuning.plan import (
-    Plan,
-    StageConfig,
-    StageOptions,
-    apply_plan,
-    cost,
-    load_plan,
-    make_plan,
-    partitions_for,
-    save_plan,
-    search,
-    service_curves,
-    sim_stages,
-)
+from flowserve.tuning.plan import Plan, apply_plan, load_plan, make_plan, save_plan, service_curves
+from flowserve.tuning.search import cheaper_families, search
 from flowserve.tuning.simulate import simulate
+from flowserve.tuning.stages import StageConfig, StageOptions, cost, partitions_for, sim_stages
 from flowserve.tuning.traces import generate
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
@@ -54,6 +43,18 @@ def test_planner_finds_the_brute_force_optimum() -> None:
                      key=lambda cfg: cost(cfg, PRICES))
     optimum = next(cfg for cfg in configs if p99(cfg) <= slo)
     assert cost(config, PRICES) == pytest.approx(cost(optimum, PRICES))
+
+
+def test_a_stage_on_many_cheap_consumers_may_move_to_fewer_dearer_ones() -> None:
+    # 10 small consumers cost 10; big ones cost 2.5 each, so up to 3 of them are cheaper: the search must
+    # offer them (at every batch from the current one up), not only kinds cheaper than the stage's own
+    options = _pipeline()[:1]
+    families = cheaper_families(options, {"a": StageConfig("small", 1, 10)}, PRICES, 1000)
+    assert ("a", "small", 1, 9) in families
+    assert {(kind, most) for _, kind, _, most in families} == {("small", 9), ("big", 3)}
+    assert sorted(b for _, kind, b, _ in families if kind == "big") == [1, 2, 4, 8, 16, 32, 64]
+    # a dearer kind that cannot undercut the stage's cost is not offered
+    assert {k for _, k, _, _ in cheaper_families(options, {"a": StageConfig("small", 1, 2)}, PRICES, 1000)} == {"small"}
 
 
 def test_infeasible_slo_is_refused() -> None:

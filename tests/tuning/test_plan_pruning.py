@@ -6,17 +6,11 @@ import numpy as np
 import pytest
 
 from flowserve.tuning import simulate as sim
-from flowserve.tuning.plan import (
-    MAX_CONSUMERS,
-    Bounds,
-    StageConfig,
-    StageOptions,
-    partitions_for,
-    required_stages,
-    search,
-    sim_stages,
-)
+from flowserve.tuning.bounds import Bounds
+from flowserve.tuning.plan import required_stages
+from flowserve.tuning.search import MAX_CONSUMERS, search
 from flowserve.tuning.simulate import SimStage, simulate
+from flowserve.tuning.stages import StageConfig, StageOptions, partitions_for, sim_stages
 from flowserve.tuning.traces import generate
 
 PRICES = {"small": 1.0, "big": 2.5}

@@ -13,9 +13,10 @@ from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology.graph import load_topology
 from flowserve.tuning.curves import TokenBucket
 from flowserve.tuning.partitions import PartitionGrowth, check_growable
-from flowserve.tuning.plan import Plan, StageConfig, StageOptions, planned_envelope
+from flowserve.tuning.plan import Plan, planned_envelope
 from flowserve.tuning.rules import StageTarget, needed_consumers, plan_excess, relative_consumers
 from flowserve.tuning.scalers import LocalScaler
+from flowserve.tuning.stages import StageConfig, StageOptions
 from flowserve.tuning.targets import targets_from_plan
 from flowserve.tuning.tuner import Action, Controller, apply_growth, tune
 
