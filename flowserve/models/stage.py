@@ -288,10 +288,12 @@ class ModelHooks(StageHooks):
             sched.finished(action, now)
             why = Failure(ErrorKind.COMPONENT_FAILURE, f"{type(self.component).__name__}.{action.kind.value} of "
                           f"model '{action.model}' failed: {exc!r}")
-            if action.kind is ActionKind.LOAD:  # not resident after all
+            requests = list(action.requests)
+            if action.kind is ActionKind.LOAD:  # not resident after all: its waiting requests fail with it
                 sched.ready.discard(action.model)
                 sched.memory.evict(action.model)
-            for i in action.requests:
+                requests += [rid for _, rid in sched.queues.pop(action.model, [])]
+            for i in requests:
                 served[i] = why
             return
         sched.finished(action, now)

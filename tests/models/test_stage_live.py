@@ -14,7 +14,7 @@ from flowserve.client import TopologyClient
 from flowserve.errors import ErrorKind
 from flowserve.models import ModelHooks, model_hooks
 from flowserve.runtime.host import InlineHost
-from flowserve.topology import load_topology
+from flowserve.topology import Topology, load_topology
 from flowserve.wire.envelope import H_MODEL, H_SERVED_BY
 from flowserve_components.many_models import EmulatedModels, offset
 
@@ -38,7 +38,7 @@ outputs: {y: zoo.y}
 """
 
 
-def _zoo(write_topology) -> object:  # noqa: ANN001
+def _zoo(write_topology) -> Topology:  # noqa: ANN001
     names = [f"m-{i:05d}" for i in range(30)]
     listed = "[" + ", ".join([*names, "{name: huge, size_mb: 100, latency_ms: {1: 4000.0}}"]) + "]"
     return load_topology(write_topology(ZOO.replace("[{name: huge, size_mb: 100, latency_ms: {1: 4000.0}}]",
@@ -47,10 +47,10 @@ def _zoo(write_topology) -> object:  # noqa: ANN001
 
 async def test_every_answer_comes_from_the_model_it_named(kafka, write_topology) -> None:
     topology = _zoo(write_topology)
-    component = cast(EmulatedModels, topology.nodes["zoo"].component)  # type: ignore[attr-defined]
+    component = cast(EmulatedModels, topology.nodes["zoo"].component)
     names = [f"m-{i:05d}" for i in range(30)]
     async with InlineHost(topology, kafka, hooks=model_hooks()) as host, \
-            TopologyClient(topology, kafka) as client:  # type: ignore[arg-type]
+            TopologyClient(topology, kafka) as client:
         (hook,) = [h for h in host.workers[0].hooks if isinstance(h, ModelHooks)]
         sent: dict[str, tuple[str, np.ndarray]] = {}
         futures = {}

@@ -1,0 +1,117 @@
+"""The many-model hook without a broker: it drives the scheduler through the component's lanes, answers each
+request with the model it named, writes refusals and failures as error results of their kind."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from flowserve.builtin import Identity
+from flowserve.component import Batch
+from flowserve.errors import ComponentError, ErrorKind, Failure
+from flowserve.models import ModelHooks, ModelSpec, model_hooks
+from flowserve.runtime.emit import Item
+from flowserve.runtime.hooks import StageContext
+from flowserve.runtime.join import Ready
+from flowserve.topology import load_topology
+from flowserve.wire.envelope import H_DEADLINE, H_ERROR_KIND, H_MODEL, H_SERVED_BY, now_ms
+from flowserve_components.many_models import EmulatedModels, offset
+
+ZOO = """
+name: NAME
+nodes:
+  zoo:
+    component: flowserve_components.many_models:EmulatedModels
+    inputs: {x: input.x}
+    models:
+      names: [a, b, c, {name: slow, latency_ms: {1: 120000.0}}]
+      kind: alexnet
+      memory_mb: 500
+outputs: {y: zoo.y}
+"""
+
+
+class Flaky(EmulatedModels):
+    """Loading model ``b`` fails (a corrupt file, say)."""
+
+    def load_model(self, spec: ModelSpec) -> None:
+        if spec.name == "b":
+            raise OSError("b.pt: truncated")
+        super().load_model(spec)
+
+
+def _hook(write_topology, component: EmulatedModels | None = None) -> tuple[ModelHooks, list[tuple]]:  # noqa: ANN001
+    topology = load_topology(write_topology(ZOO))
+    node = topology.nodes["zoo"]
+    component = component or node.component  # type: ignore[assignment]
+    (hook,) = model_hooks()(topology, node, component)  # type: ignore[arg-type]
+    assert isinstance(hook, ModelHooks)
+    sent: list[tuple] = []
+    hook.start(StageContext(topology, node, component, lambda *record: sent.append(record),  # type: ignore[arg-type]
+                            lambda r: topology.outputs_topic))
+    return hook, sent
+
+
+def _items(models: Sequence[str | None], timeout_ms: float = 60_000) -> list[Item]:
+    out = []
+    for i, model in enumerate(models):
+        headers = {H_DEADLINE: str(int(now_ms() + timeout_ms)).encode()}
+        if model is not None:
+            headers[H_MODEL] = model.encode()
+        out.append(Item(Ready(f"r{i}", {"x": np.full((1, 4), i, np.float32)}, headers, 0)))
+    return out
+
+
+def test_each_request_is_answered_by_its_model_and_the_rest_refused_or_failed(write_topology) -> None:
+    hook, sent = _hook(write_topology)
+    items = _items(["a", "b", "a", "c", "slow", None, "zzz"])
+    answer = hook.answer(items, [1] * len(items))
+    assert answer.skip == [True] * len(items)
+    hook.begin(items)
+    outputs, mask, errors = answer.complete([1] * len(items), {}, {}, {})
+    for i, model in enumerate(["a", "b", "a", "c"]):
+        assert items[i].ready.headers[H_SERVED_BY] == model.encode()
+        assert outputs["y"][i, 0] == i + offset(model)
+    assert mask["y"].tolist() == [True] * 4 + [False] * 3 and not errors
+    kinds = {key.decode(): dict(headers)[H_ERROR_KIND] for _, _, key, _, headers in sent}
+    assert kinds == {"r4": b"deadline", "r5": b"invalid_input", "r6": b"invalid_input"}
+    counters = hook.counters()
+    assert counters["model_answers"] == 4 and counters["model_refusals"] == 1 and counters["model_loads"] == 3
+    assert counters["model/a/answers"] == 2 and counters["model/slow/refusals"] == 1
+    hook.close()
+
+
+def test_a_failed_load_fails_its_requests_and_leaves_nothing_resident(write_topology) -> None:
+    hook, _ = _hook(write_topology, Flaky())
+    served = hook.serve(_items(["b", "a"]))
+    assert isinstance(served[0], Failure) and served[0].kind is ErrorKind.COMPONENT_FAILURE
+    assert "b.pt: truncated" in served[0].reason
+    assert isinstance(served[1], dict)
+    assert "b" not in hook.scheduler.memory and "b" not in hook.scheduler.ready
+    hook.close()
+
+
+def test_load_and_unload_between_batches(write_topology) -> None:
+    hook, _ = _hook(write_topology)
+    component = hook.component
+    assert isinstance(component, EmulatedModels)
+    assert hook.load("c") and not hook.load("c")  # resident already
+    assert ("load", "c") in component.log and "c" in hook.scheduler.ready
+    assert hook.unload("c") and not hook.unload("c")
+    assert ("unload", "c") in component.log and "c" not in hook.scheduler.memory
+    assert hook.per_model()["c"] == {"resident": 0, "loading": 0, "loads": 1, "evictions": 1, "refusals": 0,
+                                     "answers": 0}
+    hook.close()
+
+
+def test_a_component_without_the_capability_is_refused_naming_the_node(write_topology) -> None:
+    topology = load_topology(write_topology(ZOO))
+    with pytest.raises(ComponentError, match="node 'zoo'.*cannot serve many models.*load_model"):
+        model_hooks()(topology, topology.nodes["zoo"], Identity(node="zoo"))
+
+
+def test_process_alone_says_the_hook_is_missing() -> None:
+    with pytest.raises(Exception, match="needs the models hook"):
+        EmulatedModels(node="zoo").process(Batch({"x": np.zeros((1, 4), np.float32)}, [1], ["r0"]))
