@@ -5,7 +5,8 @@ beside the topology's nodes, so it never sits between a caller and its answer: t
 same records in its own group, whatever the explainer does. For each request whose id falls under an
 ``explain:`` section's ``sample`` (the hash capture uses, so an explained request is a captured one where
 capture samples at least as many), it runs the section's chain on its own copies of the components and
-writes the :class:`~flowserve.explain.attribute.Explanation` as JSON to ``<base>.explanations``, keyed by
+writes the :class:`~flowserve.explain.attribute.Explanation` as JSON (and for every request whose ``fs-explain``
+header is ``1``: the gateway's ``POST /v2/models/{name}/explain``) to ``<base>.explanations``, keyed by
 the request id. One request at a time, in a thread, so a burst grows the explainer's lag, never the
 caller's latency; ``flowserve run`` starts it in a niced process of its own (``flowserve explainer``).
 """
@@ -29,7 +30,7 @@ from flowserve.kafka.shutdown import stop_client
 from flowserve.topology import names
 from flowserve.topology.capture import sample_point
 from flowserve.topology.graph import Topology
-from flowserve.wire.envelope import H_ID, decode_record
+from flowserve.wire.envelope import H_EXPLAIN, H_ID, decode_record
 
 log = logging.getLogger("flowserve.explain")
 
@@ -102,8 +103,9 @@ class Explainer:
                 continue  # the first node dead-letters it with the reason
             if env.error is not None:
                 continue
+            asked = env.headers.get(H_EXPLAIN) == b"1"  # POST /v2/models/{name}/explain: whatever the sample
             for chain in self.chains:
-                if not sampled(env.request_id, chain.target.spec.sample):
+                if not asked and not sampled(env.request_id, chain.target.spec.sample):
                     continue
                 value = await asyncio.to_thread(explanation_record, chain, env.request_id, env.tensors)
                 self.explained += 1

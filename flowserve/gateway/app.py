@@ -14,10 +14,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from flowserve.errors import BrokerError, DeadlineExceeded, ErrorKind, WireError
+from flowserve.errors import BrokerError, DeadlineExceeded, ErrorKind, FlowserveError, WireError
 from flowserve.gateway.admission import check_inputs
 from flowserve.gateway.bridge import KafkaBridge
 from flowserve.gateway.cache import CACHE_HEADER, ResponseCache
+from flowserve.gateway.explain import ExplanationWatch
 from flowserve.gateway.health import Readiness, ReadinessProbe
 from flowserve.gateway.repository import Repository, hosted_models
 from flowserve.gateway.server import HttpServer, Request, Response, error_response, json_response
@@ -28,6 +29,7 @@ from flowserve.kafka.settings import KafkaSettings
 from flowserve.runtime.heap import settle
 from flowserve.topology.graph import Topology
 from flowserve.wire.envelope import (
+    H_EXPLAIN,
     H_MODEL,
     H_RECONSTRUCTED,
     H_REPLY_TO,
@@ -197,6 +199,8 @@ class Gateway:
             return self._only(request, "POST") or await self._infer(topology, request, model)
         if tail == ["feedback"]:
             return self._only(request, "POST") or await self._feedback(topology, request)
+        if tail == ["explain"]:
+            return self._only(request, "POST") or await self._explain(topology, request)
         return error_response(404, f"no route {request.path}")
 
     @staticmethod
@@ -286,7 +290,24 @@ class Gateway:
 
     # -- inference ---------------------------------------------------------------------------------
 
-    async def _infer(self, topology: Topology, request: Request, model: str | None = None) -> Response:
+    async def _explain(self, topology: Topology, request: Request) -> Response:
+        """``infer``'s answer (JSON) with the explain side branch's ``explanation`` of it (docs/explain.md)."""
+        if not topology.explained:
+            return error_response(404, f"model '{topology.name}' has no explain: section (docs/explain.md)")
+        try:
+            async with ExplanationWatch(self.kafka, topology.explanations_topic) as watch:
+                response = await self._infer(topology, request, explain=True)
+                if response.status != 200 or response.content_type != "application/json":
+                    return response if response.status != 200 else error_response(400, "explain answers in JSON "
+                                                                                   "only: ask for JSON outputs")
+                rid = response.headers["X-Request-Id"]
+                explanation = await watch.wait(rid, topology.spec.deadline_ms / 1000)
+        except FlowserveError as exc:
+            return error_response(status_of(exc.kind), str(exc), None, exc.kind)
+        return json_response(200, {**json.loads(response.body), "explanation": explanation}, response.headers)
+
+    async def _infer(self, topology: Topology, request: Request, model: str | None = None, *,
+                     explain: bool = False) -> Response:
         header_id = request.headers.get("x-request-id")
         echo = {"X-Request-Id": header_id} if header_id else {}
         if self.bridge.in_flight() >= self.settings.max_inflight:
@@ -320,7 +341,7 @@ class Gateway:
                                   f"more than model '{topology.name}' accepts ({topology.spec.max_message_bytes})",
                                   echo, ErrorKind.OVERSIZE)
         # a many-model node's answer depends on the model, which the cache does not key on
-        cache_key = None if model else self.responses.key(topology, parsed.tensors, request.headers)
+        cache_key = None if model or explain else self.responses.key(topology, parsed.tensors, request.headers)
         if cache_key is not None and (cached := self.responses.get(topology, cache_key)) is not None:
             return _answer(topology, rid, cached, parsed, None, {**echo, CACHE_HEADER: "hit"})
         if self.bridge.has(rid):
@@ -329,6 +350,8 @@ class Gateway:
         extra[H_REPLY_TO] = self.bridge.reply_topic(topology)
         if model is not None:
             extra[H_MODEL] = model
+        if explain:  # the explain side branch explains it whatever its sample
+            extra[H_EXPLAIN] = "1"
         traceparent = request.headers.get("traceparent", "")
         headers = make_headers(rid, topology=topology.name, version=topology.version,
                                deadline_ms=now_ms() + timeout_ms,

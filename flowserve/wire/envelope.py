@@ -43,6 +43,8 @@ H_MODEL_VERSION = "fs-model-version"
 #: names the model that computed it
 H_MODEL = "fs-model"
 H_SERVED_BY = "fs-served-by"
+#: on a request: ``1`` asks the topology's explain side branch (flowserve.explain) to explain it, sampled or not
+H_EXPLAIN = "fs-explain"
 
 #: Headers that are not copied from an input record to the records a node derives from it.
 _NOT_INHERITED = frozenset({H_ERROR, H_ERROR_KIND, H_NODE})
