@@ -25,6 +25,7 @@ import uuid
 from typing import Any
 
 from flowserve.kafka.clients import unreachable, why_unreachable
+from flowserve.kafka.control import MODEL_COMMAND
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.runtime.eventloop import install as install_loop
 from flowserve.runtime.hooks import HookFactory, no_hooks
@@ -35,6 +36,9 @@ from flowserve.wire.envelope import now_ms
 log = logging.getLogger("flowserve.faust")
 
 COMMANDS = ("pause", "resume", "stats", "stop")
+#: commands on the same topic that a feature's hook follows itself (flowserve.learning's version switches,
+#: flowserve.models' loads and unloads): not this host's, and not a mistake
+FEATURE_COMMANDS = ("version", MODEL_COMMAND)
 
 
 def make_app(topology: Topology, node_id: str, kafka: KafkaSettings, settings: WorkerSettings,
@@ -106,6 +110,8 @@ def _credentials(kafka: KafkaSettings) -> Any:
 
 def handle_command(worker: StageWorker, command: Any, app: Any = None, *, since_ms: int = 0) -> str:
     """Apply one control command to ``worker``; returns what was done (also logged)."""
+    if isinstance(command, dict) and command.get("command") in FEATURE_COMMANDS:
+        return "a feature's command"
     if not isinstance(command, dict) or command.get("command") not in COMMANDS:
         log.warning("ignoring control message %r: expected {'command': one of %s}", command, COMMANDS)
         return "ignored"

@@ -4,17 +4,21 @@ request with the model it named, writes refusals and failures as error results o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import pytest
 
 from flowserve.builtin import Identity
 from flowserve.component import Batch
+from flowserve.control.faust_host import handle_command
 from flowserve.errors import ComponentError, ErrorKind, Failure
+from flowserve.kafka.control import model_command
 from flowserve.models import ModelHooks, ModelSpec, model_hooks
 from flowserve.runtime.emit import Item
 from flowserve.runtime.hooks import StageContext
 from flowserve.runtime.join import Ready
+from flowserve.runtime.worker import StageWorker
 from flowserve.topology import load_topology
 from flowserve.wire.envelope import H_DEADLINE, H_ERROR_KIND, H_MODEL, H_SERVED_BY, now_ms
 from flowserve_components.many_models import EmulatedModels, offset
@@ -115,3 +119,10 @@ def test_a_component_without_the_capability_is_refused_naming_the_node(write_top
 def test_process_alone_says_the_hook_is_missing() -> None:
     with pytest.raises(Exception, match="needs the models hook"):
         EmulatedModels(node="zoo").process(Batch({"x": np.zeros((1, 4), np.float32)}, [1], ["r0"]))
+
+
+def test_the_faust_host_leaves_model_commands_to_the_hook(caplog: pytest.LogCaptureFixture) -> None:
+    worker = cast(StageWorker, None)  # the host must not touch the worker for a command that is not its own
+    assert handle_command(worker, model_command("zoo", "a", "load")) == "a feature's command"
+    assert handle_command(worker, {"command": "bogus"}) == "ignored"
+    assert [r.getMessage()[:26] for r in caplog.records] == ["ignoring control message {"]
