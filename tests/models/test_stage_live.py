@@ -71,6 +71,25 @@ async def test_every_answer_comes_from_the_model_it_named(kafka, write_topology)
         await client.flush()
         replies = dict(zip(futures, await asyncio.wait_for(asyncio.gather(*futures.values()), 120), strict=True))
 
+        # a burst with deadlines too tight for all its loads: each answered by its model or refused early
+        burst: dict[str, tuple[str, np.ndarray]] = {}
+        waits = {}
+        for k in range(90):
+            name, rid = names[(k * 7) % len(names)], f"b{k}-{uuid.uuid4().hex[:6]}"
+            burst[rid] = (name, np.full((1, 4), k, np.float32))
+            waits[rid] = client.expect(rid)
+            await client.queue({"x": burst[rid][1]}, request_id=rid, headers={H_MODEL: name}, timeout_ms=150)
+        await client.flush()
+        tight = dict(zip(waits, await asyncio.wait_for(asyncio.gather(*waits.values()), 120), strict=True))
+
+    assert len(tight) == len(burst)  # nothing lost
+    for rid, (name, x) in burst.items():
+        reply = tight[rid]
+        if reply.error is not None:
+            assert reply.error_kind is ErrorKind.DEADLINE, (rid, reply.error)
+            continue
+        assert reply.headers[H_SERVED_BY] == name.encode()
+        np.testing.assert_array_equal(reply.tensors["y"], x + np.float32(offset(name)))
     assert len(replies) == len(sent) + 3  # nothing lost
     for rid, (name, x) in sent.items():
         reply = replies[rid]
@@ -81,7 +100,8 @@ async def test_every_answer_comes_from_the_model_it_named(kafka, write_topology)
     assert replies["unknown"].error_kind is ErrorKind.INVALID_INPUT and "m-99999" in str(replies["unknown"].error)
     assert replies["nameless"].error_kind is ErrorKind.INVALID_INPUT
     counters = hook.counters()
-    assert counters["model_answers"] == len(sent)
+    answered = sum(r.error is None for r in tight.values())
+    assert counters["model_answers"] == len(sent) + answered
     assert counters["model_loads"] >= len(names)  # each model loaded at least once, 5 at a time
     assert counters["model_evictions"] >= len(names) - 5
     assert counters["models_resident"] <= 5
