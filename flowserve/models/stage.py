@@ -57,6 +57,9 @@ from flowserve.wire.envelope import (
 
 log = logging.getLogger("flowserve.models")
 
+#: at most this many models' own counts in a metrics snapshot (resident ones first, then the busiest)
+PER_MODEL_SHOWN = 500
+
 #: how long the control follower's fetch waits on an idle topic (commands are rare)
 FOLLOW_WAIT_MS = 500
 
@@ -339,13 +342,17 @@ class ModelHooks(StageHooks):
 
     def counters(self) -> Mapping[str, int]:
         """Totals, and per model ``model/<name>/<what>`` for each count that is not zero (``flowserve
-        stats``, the V2 repository index)."""
+        stats``, the V2 repository index), for the resident models and the busiest others."""
         sched = self.scheduler
         out = {"models_resident": len(sched.memory.resident), "model_loads": sched.memory.loads,
                "model_evictions": sched.memory.evictions, "model_refusals": sum(sched.refusals.values()),
                "model_answers": sum(self.answers.values())}
-        for name, counts in self.per_model().items():
-            out.update({f"model/{name}/{what}": n for what, n in counts.items() if n})
+        per = self.per_model()
+        # a snapshot stays small with thousands of models: the resident ones, and the busiest of the rest
+        shown = sorted(per, key=lambda n: (not per[n]["resident"] and not per[n]["loading"],
+                                           -per[n]["answers"] - per[n]["refusals"], n))[:PER_MODEL_SHOWN]
+        for name in shown:
+            out.update({f"model/{name}/{what}": n for what, n in per[name].items() if n})
         return out
 
     def per_model(self) -> dict[str, dict[str, int]]:

@@ -126,3 +126,13 @@ def test_the_faust_host_leaves_model_commands_to_the_hook(caplog: pytest.LogCapt
     assert handle_command(worker, model_command("zoo", "a", "load")) == "a feature's command"
     assert handle_command(worker, {"command": "bogus"}) == "ignored"
     assert [r.getMessage()[:26] for r in caplog.records] == ["ignoring control message {"]
+
+
+def test_a_snapshot_shows_the_resident_models_first(write_topology, monkeypatch: pytest.MonkeyPatch) -> None:
+    hook, _ = _hook(write_topology)
+    hook.serve(_items(["a", "a", "a", "b"]))
+    hook.unload("a")  # the busiest, but no longer resident
+    monkeypatch.setattr("flowserve.models.stage.PER_MODEL_SHOWN", 1)
+    shown = {key.split("/")[1] for key in hook.counters() if key.startswith("model/")}
+    assert shown == {"b"}
+    hook.close()
