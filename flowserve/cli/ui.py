@@ -57,7 +57,7 @@ def sources(kafka: KafkaSettings) -> UiSources:
     """The page's sources: metrics snapshots, drift detectors, lineage look-ups, control commands."""
     from flowserve.capture.drift import drift_state
     from flowserve.capture.inspect import inspect_records
-    from flowserve.capture.lineage import lineage
+    from flowserve.capture.lineage import explanations, lineage
     from flowserve.runtime.metrics import read_snapshots
     from flowserve.ui import UiSources
 
@@ -73,7 +73,10 @@ def sources(kafka: KafkaSettings) -> UiSources:
             raise FlowserveError(f"no lineage for request '{request_id}' in {topology.lineage_topic}: is "
                                  "'capture: {lineage: true}' set and was the request sampled?",
                                  kind=ErrorKind.UNKNOWN)
-        return lineage_json(steps)
+        view = lineage_json(steps)
+        view["explanations"] = await explanations(kafka, view["request_id"], topology.name, prefix=topology.spec.prefix,
+                                                  timeout_s=10.0)
+        return view
 
     async def actions(topology: Topology) -> list[dict[str, Any]]:
         """Operators' commands (the control topic) and what features did on their own (the actions topic:

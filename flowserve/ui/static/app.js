@@ -205,10 +205,30 @@ async function lookUp(ev) {
         (x.tensors || []).map(t => `<code>${esc(t)}</code>`).join("<br>")).join("<br>")}</td>` +
       `<td>${s.error ? `<span class="error">${esc(s.error)}</span>` : "ok"}</td></tr>`).join("");
     out.innerHTML = `<p>request <code id="lineage-rid">${esc(lin.request_id)}</code>: ${lin.steps.length} hop(s), trace <code>${esc(lin.trace_id || "-")}</code></p>` +
-      `<table id="lineage-table"><tr><th>#</th><th>node</th><th>start</th><th>batch time</th><th>inputs read (tensor summaries)</th><th></th></tr>${rows}</table>`;
+      `<table id="lineage-table"><tr><th>#</th><th>node</th><th>start</th><th>batch time</th><th>inputs read (tensor summaries)</th><th></th></tr>${rows}</table>` +
+      (lin.explanations || []).map(explanationHtml).join("");
   } catch (err) {
     out.innerHTML = `<p class="error">${esc(err.message)}</p>`;
   }
+}
+
+// One explanation (flowserve.explain): per row, each attributed input drawn as a heat map where it is a
+// square image (red: raised the explained score, blue: lowered it; the strongest pixel is fully coloured).
+function explanationHtml(e) {
+  if (e.error) return `<p class="error">explanation of ${esc(e.output)}: ${esc(e.error)}</p>`;
+  const maps = Object.entries(e.attributions || {}).map(([name, a]) => {
+    const per = a.shape.slice(1).reduce((x, y) => x * y, 1), side = Math.round(Math.sqrt(per));
+    if (side * side !== per || side < 2) return "";
+    return a.data.reduce((rows, v, i) => { if (i % per === 0) rows.push([]); rows[rows.length - 1].push(v); return rows; }, [])
+      .map((row, r) => {
+        const peak = Math.max(...row.map(Math.abs)) || 1;
+        const cells = row.map(v => `<div class="cell" data-value="${v}" style="background:${v >= 0 ? "rgba(208,52,44," : "rgba(59,111,214,"}${(Math.abs(v) / peak).toFixed(3)})"></div>`).join("");
+        return `<figure><div class="heatmap" style="grid-template-columns:repeat(${side},14px)">${cells}</div>` +
+          `<figcaption>${esc(name)} row ${r}: class ${esc((e.classes || [])[r])}, f(x) ${esc(fmt(e.f_x[r], 4))}, ` +
+          `baseline ${esc(fmt(e.f_baseline[r], 4))}, gap ${esc(Number(e.delta[r]).toExponential(1))}</figcaption></figure>`;
+      }).join("");
+  }).join("");
+  return `<div class="explanation"><p>explanation (${esc(e.method)}) of <b>${esc(e.output)}</b></p>${maps}</div>`;
 }
 
 function choose(node) {
