@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from aiokafka.structs import ConsumerRecord
 
-from flowserve.errors import FlowserveError, WireError
+from flowserve.errors import ErrorKind, FlowserveError, WireError
 from flowserve.explain.attribute import explain
 from flowserve.explain.chain import Chain, targets
 from flowserve.kafka.clients import make_consumer, make_producer, start_client
@@ -48,9 +48,15 @@ def explanation_record(chain: Chain, request_id: str, tensors: Mapping[str, np.n
     try:
         body = explain(chain, tensors, request_id=request_id).to_json()
     except FlowserveError as exc:
-        body = {"explanation": 1, "request_id": request_id, "topology": chain.topology.name,
-                "output": chain.target.name, "error": str(exc), "kind": str(exc.kind)}
+        body = _failed(chain, request_id, str(exc), str(exc.kind))
+    except Exception as exc:  # noqa: BLE001 - a component's torch_forward or process failed: the side branch goes on
+        body = _failed(chain, request_id, f"{type(exc).__name__}: {exc}", str(ErrorKind.COMPONENT_FAILURE))
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _failed(chain: Chain, request_id: str, error: str, kind: str) -> dict[str, object]:
+    return {"explanation": 1, "request_id": request_id, "topology": chain.topology.name, "output": chain.target.name,
+            "error": error, "kind": kind}
 
 
 class Explainer:

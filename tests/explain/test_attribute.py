@@ -9,9 +9,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from flowserve.cli.explain import heat_map
 from flowserve.errors import ComponentError, ErrorKind
 from flowserve.explain import Chain, ExplainError, Explanation, explain, integrated_gradients, targets
-from flowserve.explain.service import sampled
+from flowserve.explain.service import explanation_record, sampled
 from flowserve.topology import load_topology, load_topology_text
 
 pytest.importorskip("captum")
@@ -136,3 +137,22 @@ def test_sampling_is_a_stable_share_of_request_ids() -> None:
     assert picked == [rid for rid in ids if sampled(rid, 0.01)]  # the same ids every time, in every process
     assert all(sampled(rid, 1.0) for rid in ids[:10]) and not any(sampled(rid, 0.0) for rid in ids[:10])
     assert set(picked) <= {rid for rid in ids if sampled(rid, 0.05)}  # a larger share keeps the smaller's
+
+
+def test_an_explanation_that_fails_is_recorded_with_its_reason(digits_chain: Chain) -> None:
+    import json
+
+    body = json.loads(explanation_record(digits_chain, "r-bad", {"other": np.zeros((1, 64), np.float32)}))
+    assert body["request_id"] == "r-bad" and body["kind"] == "invalid_input" and "no input 'pixels'" in body["error"]
+    body = json.loads(explanation_record(digits_chain, "r-shape", {"pixels": np.zeros((1, 3), np.float32)}))
+    assert body["kind"] == "component_failure" and "attributions" not in body  # torch's own error, kept going
+
+
+def test_the_text_heat_map_marks_the_strongest_pixels() -> None:
+    image = np.zeros(64)
+    image[9], image[63] = 1.0, -0.5
+    lines = heat_map(image)
+    assert len(lines) == 8 and all(len(line) == 16 for line in lines)
+    # half the peak magnitude, whatever its sign: the middle of the shades
+    assert lines[1][2:4] == "@@" and lines[7][14:16] == "++" and lines[0] == " " * 16
+    assert heat_map(np.array([0.1, -2.0, 0.3])) == ["[1] -2, [2] +0.3, [0] +0.1"]

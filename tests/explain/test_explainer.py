@@ -119,6 +119,10 @@ async def test_sampled_requests_are_explained_on_the_explanations_topic_by_reque
     side = Explanation.from_json(found[ids[1]])
     assert again.classes == side.classes
     np.testing.assert_allclose(again.attributions["pixels"], side.attributions["pixels"], rtol=1e-4, atol=1e-6)
+    assert await asyncio.to_thread(main, argv[:-2]) == 0  # text: the figures and the 8x8 heat map
+    text = capsys.readouterr().out
+    assert f"request {ids[1]}: integrated_gradients of probs" in text and "completeness gap" in text
+    assert sum(1 for line in text.splitlines() if line.startswith("    ") and len(line) == 20) == 8
 
 
 def _children(pid: int, word: bytes) -> list[int]:
