@@ -151,6 +151,8 @@ def _gateway(topology: Topology, grants: _Grants) -> None:
         grants.topic(topic, ["Describe"], "checks the topology's topics exist before it serves")
     grants.topic(topology.inputs_topic, ["Write"], "requests")
     grants.topic(topology.feedback_topic, ["Write"], "feedback (POST .../feedback)")
+    if topology.explained:
+        grants.topic(topology.explanations_topic, ["Read"], "a request's explanation (POST .../explain)")
     grants.topic(topology.metrics_topic, ["Write"], "its metrics snapshots")
     grants.topic(topology.replies_prefix, ["Create", "Read", "Alter", "Delete"],
                  "its own reply topic: created, read, grown with the inputs, deleted on exit (stages write it)",
@@ -173,6 +175,8 @@ def _ui(topology: Topology, grants: _Grants) -> None:
     reads = [topology.metrics_topic, topology.control_topic, topology.actions_topic, topology.deadletter_topic]
     if topology.lineage_topic in topology.topics():  # only where capture (or parity) writes lineage
         reads.append(topology.lineage_topic)
+    if topology.explained:  # a looked-up request's explanations (flowserve.explain)
+        reads.append(topology.explanations_topic)
     reads += [topology.side_topic(n.component.side_output) for n in topology.nodes.values()
               if n.component.side_output]
     for topic in reads:
