@@ -158,9 +158,11 @@ class Scheduler(Lanes):
         self.queues: dict[str, list[tuple[float, int]]] = {}  # model -> heap of (deadline, request id)
         self._fresh: set[str] = set()  # models with requests submitted since the last step
         self._wake = math.inf
-        #: a resident model predicted to be used within this many seconds is kept for it rather than evicted
-        #: for a newcomer (whose own deadline bounds it too): with deadlines far off (a minute), every idle
-        #: model's next predicted use comes before them, and a newcomer would wait its whole deadline out
+        #: an idle resident model (no request waiting) is kept for a predicted use only within this many
+        #: seconds (and before the newcomer's deadline); one with requests waiting is kept whenever its
+        #: earliest deadline comes first. With deadlines far off (a minute), every idle model's next
+        #: predicted use comes before them, and a newcomer would wait its whole deadline out behind a
+        #: prediction: a live worker sets 0 (a request waiting now beats a predicted one)
         self.horizon = horizon
 
     def submit(self, rid: int, model: str, *, deadline: float, now: float) -> None:
@@ -236,11 +238,19 @@ class Scheduler(Lanes):
             window = deadline - self.batch_s(model, 1)
             if now + self.load_s(model) > window:
                 continue
-            evict = self.memory.victims(self.spec(model).size_bytes, now=now, next_use=next_use,
-                                        keep_before=min(deadline, now + self.horizon))
+            evict = self.memory.victims(self.spec(model).size_bytes, now=now,
+                                        next_use=self._beyond_horizon(next_use, now, deadline), keep_before=deadline)
             if evict is not None:
                 return self.start_load(model, evict, now, window)
         return None
+
+    def _beyond_horizon(self, next_use: dict[str, float], now: float, deadline: float) -> dict[str, float]:
+        """``next_use`` with each idle model predicted past the horizon moved to ``deadline`` at the
+        soonest, so that the newcomer due then may evict it."""
+        if math.isinf(self.horizon):
+            return next_use
+        edge = now + self.horizon
+        return {m: max(u, deadline) if m not in self.queues and u >= edge else u for m, u in next_use.items()}
 
     def next_use(self, now: float) -> dict[str, float]:
         """Each resident model's next predicted use: its earliest deadline when requests wait for it, else

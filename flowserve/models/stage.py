@@ -119,8 +119,9 @@ class ModelHooks(StageHooks):
         if too_big:
             raise FlowserveError(f"node '{node.id}': model '{too_big[0]}' does not fit in {capacity} bytes of "
                                  "device memory; raise models.memory_mb", kind=ErrorKind.INVALID_TOPOLOGY)
-        self.scheduler = Scheduler(catalogue, capacity, max_batch=spec.max_batch, margin=spec.margin,
-                                   horizon=spec.slo_ms / 1000)
+        # horizon 0: a request waiting now may evict an idle model whatever its prediction (the scheduler
+        # sees one batch at a time, and a wait behind a prediction would hold the worker's loop)
+        self.scheduler = Scheduler(catalogue, capacity, max_batch=spec.max_batch, margin=spec.margin, horizon=0.0)
         self.answers: Counter[str] = Counter()
         self.loads: Counter[str] = Counter()
         self.evictions: Counter[str] = Counter()

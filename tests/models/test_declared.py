@@ -66,3 +66,19 @@ def test_the_answer_masks_failed_requests_rows() -> None:
     assert outputs["y"].shape == (4, 2) and not errors
     np.testing.assert_array_equal(outputs["y"][[0, 2, 3]], y)
     assert mask["y"].tolist() == [True, False, True, True]
+
+
+def test_a_model_with_requests_waiting_is_kept_whatever_the_horizon() -> None:
+    """Memory for two; c runs, a waits (due at 0.5), b arrives (due at 0.9): b may not evict a, needed
+    first; once c is done, a runs and b evicts c, idle (predicted in 10 s)."""
+    cat = Catalogue.declared(ModelsSpec(names=["a", "b", "c"], kind="resnet50"))
+    s = Scheduler(cat, 2 * cat[0].size_bytes, horizon=0.0)
+    s.preload(["a", "c"])
+    s.submit(0, "c", deadline=1.0, now=0.0)
+    (run_c,) = s.step(0.0).actions
+    s.submit(1, "a", deadline=0.5, now=0.001)
+    s.submit(2, "b", deadline=0.9, now=0.001)
+    assert s.step(0.001).actions == []  # compute busy; a is needed before b, c is running
+    s.finished(run_c, run_c.end)
+    after = s.step(run_c.end).actions
+    assert [(x.kind.value, x.model, x.evicted) for x in after] == [("batch", "a", ()), ("load", "b", ("c",))]
