@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from flowserve.component import Batch, Component, read_result, require
-from flowserve.errors import ErrorKind, FlowserveError
+from flowserve.errors import ErrorKind, FlowserveError, TopologyError
 from flowserve.explain.capabilities import Differentiable
-from flowserve.topology.graph import Node, Topology
-from flowserve.topology.spec import ExplainSpec
+from flowserve.topology.fuse import Chain as FusedChain
+from flowserve.topology.graph import Node, Topology, compile_spec
+from flowserve.topology.spec import ExplainSpec, load_spec
 
 
 class ExplainError(FlowserveError):
@@ -37,8 +38,23 @@ class Target:
     spec: ExplainSpec
 
 
+def unfused(topology: Topology) -> Topology:
+    """``topology`` with its ``fuse:`` chains undone, read again from its YAML file: explanations follow the
+    graph as written (each member of a fused chain keeps its capability, where the fused node has none).
+    A topology not loaded from a file is taken as compiled (a fused node is then one stage: KernelSHAP)."""
+    if not any(isinstance(n.component, FusedChain) for n in topology.nodes.values()):
+        return topology
+    try:
+        written = load_spec(topology.source)
+    except TopologyError:
+        return topology
+    spec = written.model_copy(update={"fuse": {}, "explain": topology.spec.explain or written.explain})
+    return compile_spec(spec, source=topology.source)
+
+
 def targets(topology: Topology) -> list[Target]:
     """The outputs the topology's ``explain:`` sections ask for: the topology's, then each node's."""
+    topology = unfused(topology)
     out: list[Target] = []
     spec = topology.spec
     if spec.explain is not None:
@@ -52,10 +68,7 @@ def targets(topology: Topology) -> list[Target]:
     for node_id, node_spec in spec.nodes.items():
         if node_spec.explain is None:
             continue
-        node = topology.nodes.get(node_id)
-        if node is None:
-            raise ExplainError(f"node '{node_id}': explain is not supported on a fused node's members",
-                               kind=ErrorKind.INVALID_TOPOLOGY)
+        node = topology.nodes[node_id]
         ports = list(node.component.outputs)
         port = node_spec.explain.output or _first_float_port(node)
         if port not in ports:
@@ -86,6 +99,7 @@ class Chain:
     """The nodes ``target`` depends on, composed; ``inputs`` are the topology inputs it reads, in order."""
 
     def __init__(self, topology: Topology, target: Target) -> None:
+        topology = unfused(topology)
         self.topology = topology
         self.target = target
         self.nodes = _ancestors(topology, target.node)

@@ -5,6 +5,7 @@ check, and the explanation's JSON."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ from flowserve.topology import load_topology, load_topology_text
 pytest.importorskip("captum")
 pytest.importorskip("flowserve_components")
 
-DIGITS = "topologies/digits.yaml"
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "topologies" / "digits.yaml"
 EXPLAINED = """
 name: NAME
 nodes:
@@ -156,3 +158,23 @@ def test_the_text_heat_map_marks_the_strongest_pixels() -> None:
     # half the peak magnitude, whatever its sign: the middle of the shades
     assert lines[1][2:4] == "@@" and lines[7][14:16] == "++" and lines[0] == " " * 16
     assert heat_map(np.array([0.1, -2.0, 0.3])) == ["[1] -2, [2] +0.3, [0] +0.1"]
+
+
+def test_a_fused_chain_is_explained_through_its_members(tmp_path) -> None:  # noqa: ANN001
+    from flowserve_components.digits import sample
+
+    path = tmp_path / "fused.yaml"
+    path.write_text((REPO / "topologies" / "digits-fused.yaml").read_text() + "explain: {sample: 0.0}\n")
+    topology = load_topology(path)
+    assert list(topology.nodes) == ["classify"]  # one worker runs the three stages
+    (target,) = targets(topology)
+    chain = Chain(topology, target)
+    assert [n.id for n in chain.nodes] == ["pre", "model", "post"] and chain.differentiable()
+    chain.setup()
+    try:
+        (request,), _ = sample(1, seed=6)
+        e = explain(chain, request)
+        assert e.method == "integrated_gradients"
+        assert abs(e.delta[0]) <= 0.01 * abs(e.f_x[0] - e.f_baseline[0])
+    finally:
+        chain.close()
