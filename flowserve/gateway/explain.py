@@ -16,6 +16,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from flowserve.errors import DeadlineExceeded, ErrorKind, FlowserveError
+from flowserve.kafka.admin import describe_partitions
 from flowserve.kafka.clients import start_client
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.kafka.shutdown import stop_client
@@ -32,13 +33,13 @@ class ExplanationWatch:
 
     async def __aenter__(self) -> ExplanationWatch:
         consumer = self._consumer
-        await start_client(consumer, self.kafka)
-        partitions = consumer.partitions_for_topic(self.topic) or set()
-        if not partitions:
-            await consumer.stop()
+        # the admin client's answer: a group-less consumer that subscribed to nothing has no topic's partitions
+        count = (await describe_partitions(self.kafka, [self.topic])).get(self.topic, 0)
+        if not count:
             raise FlowserveError(f"no topic {self.topic}: is the topology's explainer running (flowserve run "
                                    "starts it for a topology with an explain: section)?", kind=ErrorKind.UNAVAILABLE)
-        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        await start_client(consumer, self.kafka)
+        tps = [TopicPartition(self.topic, p) for p in range(count)]
         consumer.assign(tps)
         for tp, end in (await consumer.end_offsets(tps)).items():
             consumer.seek(tp, end)
