@@ -29,9 +29,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -83,19 +86,48 @@ def sample_inputs(n: int) -> list[dict[str, np.ndarray]]:
     return requests
 
 
+@dataclass
+class Deployment:
+    """A topology deployed as ``flowserve run`` deploys it: its workers, its side branch (the explainer,
+    where the topology has an ``explain:`` section; None otherwise) and a client."""
+
+    host: ProcessHost
+    client: TopologyClient
+    side: subprocess.Popen[bytes] | None = None
+
+    def pids(self) -> dict[str, int]:
+        """Each worker's process id by node, and the side branch's as ``explainer``."""
+        out = {node: procs[0].pid for node, procs in self.host.procs.items()}
+        if self.side is not None:
+            out["explainer"] = self.side.pid
+        return out
+
+
 @contextlib.asynccontextmanager
-async def _deployed(kafka: KafkaSettings, text: str, topology: Topology, tmp: Path) -> Any:
-    """The topology's workers as processes, as ``flowserve run`` starts them, and a client."""
+async def deployed(kafka: KafkaSettings, text: str, topology: Topology, tmp: Path) -> Any:
+    """The topology's workers as processes, as ``flowserve run`` starts them (with its explainer, niced,
+    where it has an ``explain:`` section), and a client: a :class:`Deployment`."""
     path = tmp / f"{topology.name}.yaml"
     path.write_text(text)
     await create_topology_topics(topology, kafka)
     host = ProcessHost(path, topology, kafka, log_dir=tmp / "logs")
     for node_id in topology.nodes:
         host.spawn(node_id)
+    side = None
+    if topology.explained:
+        side = subprocess.Popen([sys.executable, "-m", "flowserve", "explainer", str(path),  # noqa: S603
+                                 "--broker", kafka.bootstrap], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=host.environment())
     try:
         async with TopologyClient(topology, kafka) as client:
-            yield host, client
+            yield Deployment(host, client, side)
     finally:
+        if side is not None:
+            side.terminate()
+            try:
+                side.wait(10)
+            except subprocess.TimeoutExpired:
+                side.kill()
         host.stop()
         # The embedded broker keeps everything in memory and slows as it fills: each deployment's data
         # would otherwise weigh on the ones measured after it.
@@ -109,7 +141,7 @@ async def warm(client: TopologyClient, inputs: list[dict[str, np.ndarray]]) -> N
         await client.call(x, timeout_ms=30_000)
 
 
-async def _saturate(client: TopologyClient, inputs: list[dict[str, np.ndarray]], seconds: float) -> Slice:
+async def saturate(client: TopologyClient, inputs: list[dict[str, np.ndarray]], seconds: float) -> Slice:
     """Closed loop with CONCURRENCY requests in flight for ``seconds``, then drain."""
     latencies: list[float] = []
     started: dict[str, float] = {}
@@ -166,13 +198,13 @@ async def _first_report(kafka: KafkaSettings, topology: Topology, timeout_s: flo
     raise TimeoutError("the drift detector did not report within the timeout")
 
 
-def _slices(seconds: float, slice_s: float) -> int:
+def slice_count(seconds: float, slice_s: float) -> int:
     return max(2, round(seconds / slice_s))
 
 
-async def _in_blocks(kafka: KafkaSettings, tmp: Path, sides: Mapping[str, Callable[[], tuple[str, Topology]]],
+async def in_blocks(kafka: KafkaSettings, tmp: Path, sides: Mapping[str, Callable[[], tuple[str, Topology]]],
                      blocks: int, per_block: int, ready: Callable[[dict[str, TopologyClient]], Awaitable[None]],
-                     measure: Callable[[str, ProcessHost, TopologyClient], Awaitable[T]],
+                     measure: Callable[[str, Deployment], Awaitable[T]],
                      ) -> tuple[dict[str, list[T]], list[int]]:
     """Deploy every side (``sides``: a function making its topology) afresh in each of ``blocks`` blocks,
     side by side; once ``ready``, let them take ``per_block`` slices each of ``measure`` (given the side's
@@ -182,14 +214,13 @@ async def _in_blocks(kafka: KafkaSettings, tmp: Path, sides: Mapping[str, Callab
     block_of: list[int] = []
     for block in range(blocks):
         async with contextlib.AsyncExitStack() as stack:
-            hosts: dict[str, ProcessHost] = {}
-            clients: dict[str, TopologyClient] = {}
+            deployments: dict[str, Deployment] = {}
             for label, make in sides.items():
-                hosts[label], clients[label] = await stack.enter_async_context(_deployed(kafka, *make(), tmp))
-            await ready(clients)
+                deployments[label] = await stack.enter_async_context(deployed(kafka, *make(), tmp))
+            await ready({label: d.client for label, d in deployments.items()})
             order = paired.balanced_order(list(sides), per_block)
             for label in order:
-                out[label].append(await measure(label, hosts[label], clients[label]))
+                out[label].append(await measure(label, deployments[label]))
             block_of += [block] * order.count(order[0])
         console.print(f"block {block + 1}/{blocks} done: {len(block_of)} slices per side")
     return out, block_of
@@ -202,22 +233,22 @@ async def _saturation(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]],
     async def ready(clients: dict[str, TopologyClient]) -> None:
         for client in clients.values():
             await warm(client, inputs)
-            await _saturate(client, inputs, slice_s)  # batch sizes and caches at load, not measured
+            await saturate(client, inputs, slice_s)  # batch sizes and caches at load, not measured
 
     # CPU seconds per side: each worker process's and the load generator's (this process), over its slices
     cpu: dict[str, dict[str, float]] = {label: {} for label in SATURATION}
 
-    async def measure(label: str, host: ProcessHost, client: TopologyClient) -> Slice:
-        pids = {node: procs[0].pid for node, procs in host.procs.items()}
+    async def measure(label: str, deployment: Deployment) -> Slice:
+        pids = deployment.pids()
         before = {node: cpu_seconds(pid) for node, pid in pids.items()} | {"load": cpu_seconds()}
-        piece = await _saturate(client, inputs, slice_s)
+        piece = await saturate(deployment.client, inputs, slice_s)
         after = {node: cpu_seconds(pid) for node, pid in pids.items()} | {"load": cpu_seconds()}
         for name, t in after.items():
             cpu[label][name] = cpu[label].get(name, 0.0) + t - before[name]
         return piece
 
     sides = {label: functools.partial(topology, sample) for label, sample in SATURATION.items()}
-    slices, block_of = await _in_blocks(kafka, tmp, sides, blocks, _slices(seconds / blocks, slice_s), ready,
+    slices, block_of = await in_blocks(kafka, tmp, sides, blocks, slice_count(seconds / blocks, slice_s), ready,
                                         measure)
     result: dict[str, Any] = {label: paired.summary(s) for label, s in slices.items()}
     # Throughput at saturation is CPU per request on this machine, and CPU per request is far steadier than
@@ -260,8 +291,8 @@ async def _detector(kafka: KafkaSettings, inputs: list[dict[str, np.ndarray]], t
             await _steady(client, inputs, rate, max(slice_s, WARM_S))  # at the rate, not measured
 
     sides = {label: functools.partial(topology, None, detector=label == "detector") for label in DETECTOR_SIDES}
-    latencies, block_of = await _in_blocks(kafka, tmp, sides, blocks, _slices(seconds / blocks, slice_s), ready,
-                                           lambda _label, _host, client: _steady(client, inputs, rate, slice_s))
+    latencies, block_of = await in_blocks(kafka, tmp, sides, blocks, slice_count(seconds / blocks, slice_s), ready,
+                                           lambda _label, d: _steady(d.client, inputs, rate, slice_s))
     result: dict[str, Any] = {label: paired.summary([Slice(len(s), slice_s, s) for s in v])
                               for label, v in latencies.items()}
     # p99 is made of a few stalls (the broker's, the host's) whichever side they fall on, so its interval

@@ -132,7 +132,7 @@ def passthrough(fig: Any, result: dict[str, Any]) -> None:
 
 
 def capture(fig: Any, result: dict[str, Any]) -> None:
-    """Each ratio with its 95% interval; 1.0 is 'no cost'."""
+    """Each ratio with its 95% interval; 1.0 is 'no cost' (capture's, and explain's, which has one)."""
     ax = fig.subplots()
     ratios = result["ratios"]
     names = list(ratios)
@@ -142,7 +142,8 @@ def capture(fig: Any, result: dict[str, Any]) -> None:
     ax.errorbar(values, range(len(names)), xerr=[low, high], fmt="o", capsize=4)
     ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
     ax.set_yticks(range(len(names)), [n.replace("_", " ") for n in names])
-    ax.set(title="capture: with / without, 95% intervals", xlabel="ratio", ylabel="comparison")
+    ax.set(title=f"{result.get('workload', 'capture')}: with / without, 95% intervals", xlabel="ratio",
+           ylabel="comparison")
 
 
 def tuner(fig: Any, result: dict[str, Any]) -> None:
@@ -278,8 +279,8 @@ def numbers(fig: Any, result: dict[str, Any]) -> None:
 
 
 DRAWERS: dict[str, Drawer] = {"batching": batching, "gateway": gateway, "latency": latency,
-                              "passthrough": passthrough, "capture": capture, "tuner": tuner, "simulate": tuner,
-                              "parity": parity, "scale": scale, "chaos": chaos, "broker": broker,
+                              "passthrough": passthrough, "capture": capture, "explain": capture, "tuner": tuner,
+                              "simulate": tuner, "parity": parity, "scale": scale, "chaos": chaos, "broker": broker,
                               "plan-objectives": plan_objectives, "models": models,
                               **plot_learning.DRAWERS}
 

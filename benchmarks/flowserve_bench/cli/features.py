@@ -1,5 +1,5 @@
-"""The features' workloads: ``parity``, the learning layer's (``learn`` runs its four parts in a row) and
-``chaos``."""
+"""The features' workloads: ``parity``, the learning layer's (``learn`` runs its four parts in a row),
+``explain`` and ``chaos``."""
 
 from __future__ import annotations
 
@@ -50,6 +50,15 @@ def register(workloads: Any) -> None:
 
     workload(workloads, "learn-continual", _learn_continual, summary="drift, then feedback, learn, shadow, "
              "promote", description="Drift drops accuracy; feedback, learn, shadow and promote bring it back.")
+
+    p = workload(workloads, "explain", _explain, summary="what sampled explanations cost the pipeline",
+                 description="The digits topology with and without a sampled explain: section (its explainer "
+                 "in a niced process of its own, as flowserve run starts it), at saturation in interleaved "
+                 "slices: the throughput ratio with its interval and each process's CPU per request.")
+    p.add_argument("--seconds", type=float, default=60.0, help="of load per side")
+    slices(p, 2.0, "the two deployments take turns")
+    p.add_argument("--blocks", type=int, default=3, help="deploy both sides afresh this many times")
+    p.add_argument("--sample", type=float, default=0.01, help="the share of requests explained")
 
     p = workload(workloads, "chaos", _chaos, broker=False, summary="steady traffic through random faults, then a "
                  "full accounting", description="Steady traffic through faults injected at random (worker, "
@@ -115,3 +124,10 @@ def _chaos(args: argparse.Namespace) -> Result:
                       async_rate=args.rate, fault_every_s=args.fault_every, pause_broker=args.pause_broker,
                       gateways=args.gateways)
     return asyncio.run(chaos(cfg))
+
+
+def _explain(args: argparse.Namespace) -> Result:
+    from flowserve_bench.explain import explain_bench
+
+    return on_broker(args, lambda kafka: explain_bench(kafka, seconds=args.seconds, slice_s=args.slice_seconds,
+                                                       blocks=args.blocks, sample=args.sample))
