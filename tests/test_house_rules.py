@@ -46,3 +46,12 @@ def test_every_core_package_has_its_place_in_the_layers() -> None:
     lines = (ROOT / "flowserve" / "console.py").read_text().splitlines()
     assert not [line for line in lines if line.startswith(("from flowserve", "import flowserve"))]
 
+
+
+def test_every_test_module_has_its_own_name() -> None:
+    # tests/ has no __init__.py: pytest imports each test module by its basename, so two of one name in
+    # different folders stop the whole run at collection ("import file mismatch")
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
