@@ -15,10 +15,10 @@ from flowserve.topology.graph import Topology
 INPUT = "input"
 OUTPUTS = "outputs"
 #: layout grid, in SVG units: one column per layer, one row per node in it
-COLUMN_W = 320
+COLUMN_W = 350
 ROW_H = 120
 #: a node's box (the page draws it this size)
-NODE_W = 270
+NODE_W = 300  # room for a figure line with energy on it (flowserve run --energy)
 NODE_H = 96
 
 

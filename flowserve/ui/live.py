@@ -15,6 +15,10 @@ from typing import Any
 
 from flowserve.runtime.metrics import CACHE_COUNTERS, COUNTERS
 
+#: the energy hook's counters (flowserve.energy.hooks: millijoules active and idle, micrograms CO2e), read by
+#: name: the UI and energy are sibling features and import nothing of each other
+ENERGY_COUNTERS = ("energy_mj", "energy_idle_mj", "co2e_ug")
+
 #: a node whose newest snapshot is older than this is shown as down
 STALE_S = 15.0
 #: records queued before a node is shown as lagging
@@ -64,7 +68,7 @@ def fold(node: str, snaps: list[dict[str, Any]], now_ms: int) -> NodeFigures:
         figures.wait_p99_ms = max(figures.wait_p99_ms, float(wait.get("p99", 0)))
         for key in COUNTERS:
             figures.counters[key] += int(c.get(key, 0) or 0)
-        for key in CACHE_COUNTERS:  # only nodes with a prediction cache report these
+        for key in (*CACHE_COUNTERS, *ENERGY_COUNTERS):  # only nodes with a cache, or metering energy, have these
             if key in c:
                 figures.counters[key] = figures.counters.get(key, 0) + int(c[key] or 0)
     figures.batch_mean = figures.batch_mean / batches if batches else 0.0

@@ -14,6 +14,7 @@ import yaml
 from flowserve.capture import capture_hooks
 from flowserve.client import TopologyClient
 from flowserve.client.traffic import wait_ready
+from flowserve.energy import EnergySettings, energy_hooks
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.learning import held_hooks
 from flowserve.runtime.hooks import chain
@@ -49,7 +50,8 @@ async def running_digits(kafka: KafkaSettings, name: str) -> AsyncIterator[Deplo
     inputs, _ = topology.sampler()(200)
     deployment = Deployment(topology, kafka)
     stop = asyncio.Event()
-    hooks = chain(capture_hooks, held_hooks)  # the detector's open window holds its offsets back
+    # the detector's open window holds its offsets back; energy metered as `flowserve run --energy` does
+    hooks = chain(capture_hooks, held_hooks, energy_hooks(EnergySettings(enabled=True)))
     async with InlineHost(topology, kafka, WorkerSettings(metrics_interval_s=0.5), hooks=hooks), \
             TopologyClient(topology, kafka) as client:
         await wait_ready(client, inputs[0], timeout_s=120)

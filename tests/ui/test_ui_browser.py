@@ -88,6 +88,7 @@ async def test_a_browser_sees_every_node_live_and_draws_a_requests_lineage(kafka
     for n in NODES:
         before, after, health = seen[n]
         assert before != after and "ok " in after, seen[n]
+        assert " mJ/req" in after, seen[n]  # energy metered (flowserve run --energy): per answered request
         assert health in ("ok", "lagging"), seen[n]
     assert seen["lineage"] == [deployment.request_ids[0], "input", *sorted(("outputs", *NODES))]
     assert int(seen["charts"][0]) == 4 * len(NODES)  # rate, p99, lag, batch size per node

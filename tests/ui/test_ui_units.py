@@ -6,6 +6,7 @@ from pathlib import Path
 
 from flowserve.topology import load_topology, load_topology_text
 from flowserve.ui import LiveState, graph_view
+from flowserve.ui.graph import COLUMN_W
 from flowserve.ui.live import LAG_WARN, STALE_S
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ def test_fifty_nodes_get_distinct_places_in_a_bounded_canvas() -> None:
     pos = _positions(graph)
     assert len(pos) == 52 and len(set(pos.values())) == 52
     assert all(0 <= x < graph["width"] and 0 <= y < graph["height"] for x, y in pos.values())
-    assert graph["width"] <= 6 * 320 + 40  # depth 4 plus the ends: six columns, not fifty
+    assert graph["width"] <= 6 * COLUMN_W + 40  # depth 4 plus the ends: six columns, not fifty
 
 
 def _snap(node: str, worker: str, ts_ms: int, ok: int, *, lag: int = 0, dead: int = 0) -> dict:
@@ -83,6 +84,18 @@ def test_figures_sum_workers_rate_from_counters_and_health() -> None:
     assert live.stats()["nodes"]["b"]["health"] == "down"
     assert [p["rate_rps"] for p in live.series()["a"]] == [0.0, 100.0, 0.0, 0.0]
     assert len(live.series(last=2)["a"]) == 2
+
+
+def test_energy_counters_are_summed_where_a_node_meters_energy() -> None:
+    live = LiveState(["a", "b"])
+    metered = [{**_snap("a", w, 1000, 10), "counters": {**_snap("a", w, 1000, 10)["counters"], "energy_mj": mj,
+                                                          "energy_idle_mj": 5, "co2e_ug": 40}}
+               for w, mj in (("w1", 100), ("w2", 300))]
+    live.update([*metered, _snap("b", "w3", 1000, 10)], now_ms=1000)
+    nodes = live.stats()["nodes"]
+    assert {k: nodes["a"]["counters"][k] for k in ("energy_mj", "energy_idle_mj", "co2e_ug")} == {
+        "energy_mj": 400, "energy_idle_mj": 10, "co2e_ug": 80}
+    assert "energy_mj" not in nodes["b"]["counters"]  # a node without energy shows none, not zero
 
 
 async def test_endpoints_without_a_broker_serve_what_the_sources_give() -> None:

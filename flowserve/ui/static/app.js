@@ -86,6 +86,13 @@ function drawGraph(g) {
   }
 }
 
+// A node metering energy (flowserve run --energy): millijoules (active + idle) per answered request; the
+// totals and grams CO2e are in flowserve stats (the node's figure line has room for one more figure).
+function energy(c) {
+  if (c.energy_mj === undefined || !c.requests_ok) return "";
+  return ` · ${fmt((c.energy_mj + (c.energy_idle_mj || 0)) / c.requests_ok)} mJ/req`;
+}
+
 function updateGraph(stats) {
   for (const [id, f] of Object.entries(stats.nodes)) {
     const grp = document.querySelector(`g.node[data-node="${CSS.escape(id)}"]`);
@@ -97,7 +104,8 @@ function updateGraph(stats) {
       `${f.workers} consumer(s) · lag ${fmt(f.lag)} · batch ${fmt(f.batch_mean)} (p99 ${fmt(f.batch_p99)})`,
       `exec p50/p99 ${fmt(f.exec_p50_ms)}/${fmt(f.exec_p99_ms)} ms · wait p99 ${fmt(f.wait_p99_ms)} ms`,
       `${fmt(f.rate_rps)} req/s · ok ${fmt(c.requests_ok)} · refused ${fmt(c.refused)} · dead ${fmt(c.dead_lettered)}` +
-        (c.cache_hits !== undefined ? ` · cache ${fmt(c.cache_hits)}/${fmt(c.cache_hits + c.cache_misses)} hits` : ""),
+        (c.cache_hits !== undefined ? ` · cache ${fmt(c.cache_hits)}/${fmt(c.cache_hits + c.cache_misses)} hits` : "") +
+        energy(c),
     ];
     grp.querySelectorAll("text.figs").forEach((t, i) => { t.textContent = lines[i]; });
     grp.setAttribute("data-health", f.health);
