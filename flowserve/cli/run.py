@@ -85,6 +85,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         finally:
             supervisor.stop()
             with console.status("stopping workers…"):
+                # the explainer is told first, so that its shutdown (niced, it may wait for CPU while the
+                # workers drain) overlaps theirs instead of following it
+                if explainer is not None and explainer.poll() is None:
+                    explainer.send_signal(signal.SIGTERM)
                 host.stop()
                 _stop(explainer)
         if supervisor.gave_up:
