@@ -56,9 +56,9 @@ def strimzi_acls(acls: list[Acl]) -> list[dict[str, Any]]:
 
 
 def deployed(topology: Topology) -> dict[Principal, list[Acl]]:
-    """The principals whose pods ``flowserve deploy render`` writes (the stages and the gateway; the tuner
-    and the UI run elsewhere, and ``flowserve acl`` lists theirs)."""
-    return {p: acls for p, acls in topology_acls(topology).items() if p.role in ("stage", "gateway")}
+    """The principals whose pods ``flowserve deploy render`` writes (the stages, the gateway and, with
+    ``explain:``, the explainer; the tuner and the UI run elsewhere, and ``flowserve acl`` lists theirs)."""
+    return {p: acls for p, acls in topology_acls(topology).items() if p.role in ("stage", "gateway", "explainer")}
 
 
 def kafka_users(topology: Topology, cluster: str, auth: Auth, labels: dict[str, str]) -> list[dict[str, Any]]:

@@ -191,6 +191,12 @@ def kubernetes(topology: Topology, path: str, plan: Plan, auth: Auth | None = No
         mount_credentials(gateway, principal_name(topology.name, "gateway"), cluster, auth)
         objs += kafka_users(topology, cluster, auth, labels)
     objs.append(gateway)
+    if topology.explained:  # the explain side branch: one pod of its own (it niceness-yields to nothing here)
+        explainer = _deployment(k8s_name(name, "explainer"), {**labels, "flowserve/node": "explainer"}, name,
+                                NodePlan(), plan, ["explainer", path, "--broker", bootstrap])
+        if auth:
+            mount_credentials(explainer, principal_name(topology.name, "explainer"), cluster, auth)
+        objs.append(explainer)
     objs.append({"apiVersion": "v1", "kind": "Service", "metadata": {"name": gw, "labels": labels},
                  "spec": {"selector": {**labels, "flowserve/node": "gateway"},
                           "ports": [{"name": "http", "port": GATEWAY_PORT, "targetPort": "http"}]}})

@@ -39,9 +39,11 @@ Pattern = Literal["literal", "prefixed"]
 #: Kafka's ACL operations, spelled as Strimzi's KafkaUser spells them
 Operation = Literal["Read", "Write", "Create", "Delete", "Alter", "Describe", "DescribeConfigs", "AlterConfigs",
                     "IdempotentWrite"]
-Role = Literal["stage", "gateway", "tuner", "ui"]
+Role = Literal["stage", "gateway", "tuner", "ui", "explainer"]
 #: the parts of a topology that are not stages, each with its own principal
 SERVICES: tuple[Role, ...] = ("gateway", "tuner", "ui")
+#: the explain side branch (flowserve.explain): a principal only where the topology has an ``explain:`` section
+EXPLAINER: Role = "explainer"
 
 
 @dataclass(frozen=True, order=True)
@@ -78,15 +80,16 @@ def principal_name(topology: str, part: str) -> str:
 
 
 def principals(topology: Topology) -> list[Principal]:
-    """One per stage, then the gateway, the tuner and the UI. A node named like a service would share its
-    principal, and so its rights: refused."""
-    clash = sorted(set(topology.nodes) & set(SERVICES))
+    """One per stage, then the gateway, the tuner, the UI and (with ``explain:``) the explainer. A node named
+    like a service would share its principal, and so its rights: refused."""
+    services: tuple[Role, ...] = (*SERVICES, EXPLAINER) if topology.explained else SERVICES
+    clash = sorted(set(topology.nodes) & set(services))
     if clash:
         raise TopologyError(f"node id {clash[0]!r} is the name of a service principal ({', '.join(SERVICES)}); "
                             "rename the node to give it its own Kafka principal", source=topology.source,
                             node=clash[0])
     found = [Principal(principal_name(topology.name, n), "stage", n) for n in topology.nodes]
-    found += [Principal(principal_name(topology.name, s), s) for s in SERVICES]
+    found += [Principal(principal_name(topology.name, s), s) for s in services]
     return found
 
 
@@ -183,6 +186,12 @@ def _ui(topology: Topology, grants: _Grants) -> None:
         grants.topic(topic, ["Read"], "shown live (metrics, commands, actions, lineage, dead letters, drift)")
 
 
+def _explainer(topology: Topology, grants: _Grants) -> None:
+    grants.topic(topology.inputs_topic, ["Read"], "the requests it samples, read beside the first stage")
+    grants.group(names.explain_group(topology.base), ["Read"], "its own consumer group: join, fetch, commit")
+    grants.topic(topology.explanations_topic, ["Write"], "attributions keyed by request id")
+
+
 def topology_acls(topology: Topology) -> dict[Principal, list[Acl]]:
     """Each principal of ``topology`` and the ACLs it needs, nothing more."""
     out: dict[Principal, list[Acl]] = {}
@@ -194,6 +203,8 @@ def topology_acls(topology: Topology) -> dict[Principal, list[Acl]]:
             _gateway(topology, grants)
         elif principal.role == "tuner":
             _tuner(topology, grants)
+        elif principal.role == EXPLAINER:
+            _explainer(topology, grants)
         else:
             _ui(topology, grants)
         out[principal] = list(grants.acls)
