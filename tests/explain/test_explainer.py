@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +163,10 @@ async def test_flowserve_run_starts_the_explainer_and_stops_it(kafka, write_topo
             line = await asyncio.to_thread(proc.stderr.readline)
             assert line, seen
             seen += line
+        # Keep reading: the workers and the explainer inherit this pipe, and one that fills (64 KiB of logs
+        # nobody reads) blocks them on a write, so that they can neither serve nor stop.
+        rest: list[str] = []
+        threading.Thread(target=lambda: rest.extend(proc.stderr or ()), daemon=True).start()
         explainers = _children(proc.pid, b"explainer")
         assert len(explainers) == 1, seen
         requests, _ = sample(3, seed=11)
@@ -174,7 +179,7 @@ async def test_flowserve_run_starts_the_explainer_and_stops_it(kafka, write_topo
         found = await _read(kafka, topology.explanations_topic, set(ids))
         assert all("error" not in found[rid] and found[rid]["method"] == "integrated_gradients" for rid in ids)
         proc.send_signal(signal.SIGINT)
-        assert await asyncio.to_thread(proc.wait, 60) == 0
+        assert await asyncio.to_thread(proc.wait, 60) == 0, "".join(rest)[-3000:]
         assert not any(_alive(pid) for pid in explainers)  # run stopped its explainer too
     finally:
         if proc.poll() is None:
