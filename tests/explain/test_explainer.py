@@ -178,7 +178,10 @@ async def test_flowserve_run_starts_the_explainer_and_stops_it(kafka, write_topo
         assert [r.error for r in replies] == [None] * len(ids)
         found = await _read(kafka, topology.explanations_topic, set(ids))
         assert all("error" not in found[rid] and found[rid]["method"] == "integrated_gradients" for rid in ids)
-        proc.send_signal(signal.SIGINT)
+        # SIGTERM, the signal a container stop sends: SIGINT would be ignored where the test run itself was
+        # started in the background of a non-interactive shell (it then ignores SIGINT, and so does every
+        # process it starts; Python installs no KeyboardInterrupt handler for a signal ignored at start)
+        proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 60) == 0, "".join(rest)[-3000:]
         assert not any(_alive(pid) for pid in explainers)  # run stopped its explainer too
     finally:
