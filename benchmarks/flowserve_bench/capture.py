@@ -122,13 +122,7 @@ async def deployed(kafka: KafkaSettings, text: str, topology: Topology, tmp: Pat
         async with TopologyClient(topology, kafka) as client:
             yield Deployment(host, client, side)
     finally:
-        if side is not None:
-            side.terminate()
-            try:
-                side.wait(10)
-            except subprocess.TimeoutExpired:
-                side.kill()
-        host.stop()
+        host.stop(also=[side])
         # The embedded broker keeps everything in memory and slows as it fills: each deployment's data
         # would otherwise weigh on the ones measured after it.
         with contextlib.suppress(BrokerError):

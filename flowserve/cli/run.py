@@ -85,12 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         finally:
             supervisor.stop()
             with console.status("stopping workers…"):
-                # the explainer is told first, so that its shutdown (niced, it may wait for CPU while the
-                # workers drain) overlaps theirs instead of following it
-                if explainer is not None and explainer.poll() is None:
-                    explainer.send_signal(signal.SIGTERM)
-                host.stop()
-                _stop(explainer)
+                host.stop(also=[explainer])  # the niced explainer's shutdown overlaps the workers'
         if supervisor.gave_up:
             console.print(f"[red]stopped:[/] {'; '.join(supervisor.gave_up.values())}")
             return 1
@@ -110,17 +105,6 @@ def _start_explainer(args: argparse.Namespace, topology: Topology, kafka: KafkaS
     console.print(f"[green]explaining[/] sampled requests to [bold]{topology.explanations_topic}[/]")
     return subprocess.Popen([sys.executable, "-m", "flowserve", "explainer", args.topology, "--broker",  # noqa: S603
                              kafka.bootstrap], stdout=log, stderr=subprocess.STDOUT, env=env)  # type: ignore[arg-type]
-
-
-def _stop(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _sample(topology: Topology, kafka: KafkaSettings, args: argparse.Namespace) -> int:

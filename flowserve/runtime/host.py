@@ -14,15 +14,17 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from flowserve.kafka.admin import ensure_topics
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.kafka.shutdown import bounded
 from flowserve.runtime.batching import BatchPolicy
 from flowserve.runtime.hooks import HookFactory, no_hooks
-from flowserve.runtime.process import PARENT_PID_ENV
+from flowserve.runtime.process import PARENT_PID_ENV, stop_processes
 from flowserve.runtime.worker import StageWorker
 from flowserve.topology.capture import topic_configs
 from flowserve.topology.graph import Topology
@@ -175,14 +177,7 @@ class ProcessHost:
             proc.wait()
         self.procs[node_id].remove(proc)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        procs = [p for ps in self.procs.values() for p in ps]
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+    def stop(self, timeout: float = 10.0, *, also: Sequence[subprocess.Popen[Any] | None] = ()) -> None:
+        """Stop every worker, and ``also`` the processes a command started beside them (the explainer),
+        all at once (:func:`~flowserve.runtime.process.stop_processes`)."""
+        stop_processes([*(p for ps in self.procs.values() for p in ps), *also], timeout)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from flowserve.kafka.settings import WorkerSettings
 from flowserve.topology.graph import Topology
@@ -118,3 +120,17 @@ def watch_parent(expected: int | None = None, *, poll_s: float = PARENT_POLL_S, 
     thread = threading.Thread(target=watch, name="flowserve-watch-parent", daemon=True)
     thread.start()
     return thread
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[Any] | None], timeout: float = 10.0) -> None:
+    """Ask every process still running to stop (SIGTERM: a worker finishes its batch and commits), all at
+    once so that their shutdowns overlap, then wait for each up to ``timeout`` and kill what is left."""
+    live = [p for p in procs if p is not None and p.poll() is None]
+    for p in live:
+        p.send_signal(signal.SIGTERM)
+    for p in live:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
