@@ -68,6 +68,8 @@ class ModelSpec:
     load_s: float
     #: batch size -> mean seconds of one batch on the device
     table: dict[int, float] = field(hash=False)
+    #: its architecture (what a real component builds; an emulated one's figures come from it)
+    kind: str = ""
 
     def __post_init__(self) -> None:
         if self.size_bytes <= 0 or self.load_s < 0 or not self.table or min(self.table.values()) <= 0:
@@ -88,7 +90,7 @@ class ModelSpec:
             raise FlowserveError(f"unknown link '{link}' (links: {', '.join(BANDWIDTH)})",
                                  kind=ErrorKind.INVALID_SETTINGS)
         size = WEIGHTS[kind]
-        return cls(name, size, size / BANDWIDTH[link], hw.latency_table(kind, hardware))
+        return cls(name, size, size / BANDWIDTH[link], hw.latency_table(kind, hardware), kind)
 
 
 class Catalogue:
@@ -131,8 +133,8 @@ class Catalogue:
     @classmethod
     def declared(cls, spec: ModelsSpec, *, node: str = "") -> Catalogue:
         """The catalogue a node's ``models:`` section declares: each model's kind (``mix``: :data:`MIX`'s
-        order), its size (``size_mb``, else its kind's weights) and its table (``latency_ms``, else its
-        kind's table on ``hardware``), loaded over ``link``."""
+        order), its size (``size_mb``, else its kind's weights), its table (``latency_ms``, else its
+        kind's table on ``hardware``) and its load time (``load_ms``, else its size over ``link``)."""
         if spec.link not in BANDWIDTH:
             raise FlowserveError(f"node '{node}': unknown link '{spec.link}' (links: {', '.join(BANDWIDTH)})",
                                  kind=ErrorKind.INVALID_TOPOLOGY)
@@ -150,7 +152,9 @@ class Catalogue:
             size = int(size_mb * 1e6) if size_mb is not None else WEIGHTS[kind]
             table = ({n: ms / 1000 for n, ms in table_ms.items()} if table_ms is not None
                      else hw.latency_table(kind, spec.hardware))
-            specs.append(ModelSpec(entry.name, size, size / BANDWIDTH[spec.link], table))
+            load_ms = entry.load_ms if entry.load_ms is not None else spec.load_ms
+            load_s = load_ms / 1000 if load_ms is not None else size / BANDWIDTH[spec.link]
+            specs.append(ModelSpec(entry.name, size, load_s, table, kind))
         return cls(specs)
 
 

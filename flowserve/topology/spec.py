@@ -202,6 +202,7 @@ class ModelEntry(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     kind: str | None = None
     size_mb: float | None = Field(None, gt=0)
+    load_ms: float | None = Field(None, ge=0)
     latency_ms: dict[int, float] | None = None
 
 
@@ -209,7 +210,10 @@ class ModelsSpec(_Strict):
     """A many-model node's model set (flowserve.models): ``names:`` lists them, or ``count:`` of them are
     named ``<prefix><i:05d>``; each one's size and batch table come from its ``kind`` (an emulated
     architecture of flowserve.models.catalogue) unless ``size_mb`` and ``latency_ms`` (batch size -> mean
-    ms) say. A request names its model in the ``fs-model`` header (``/v2/models/<model>/infer``)."""
+    ms) say, and its load time is its size over ``link`` unless ``load_ms`` says (a real component's load
+    reads and deserialises weights: measured, not a copy's bandwidth). ``kind`` reaches the component with
+    each model (a real one builds that architecture). A request names its model in the ``fs-model`` header
+    (``/v2/models/<model>/infer``)."""
 
     #: the models, each a name or ``{name, kind, size_mb, latency_ms}``
     names: list[ModelEntry | str] = Field(default_factory=list)
@@ -219,6 +223,8 @@ class ModelsSpec(_Strict):
     kind: str = "mix"
     size_mb: float | None = Field(None, gt=0)
     latency_ms: dict[int, float] | None = None
+    #: the mean time of one load, in ms (default: size over ``link``)
+    load_ms: float | None = Field(None, ge=0)
     #: device memory for resident models, in MB (default: a tenth of the models' total)
     memory_mb: float | None = Field(None, gt=0)
     #: the host-to-device link a load crosses (flowserve.models.catalogue.BANDWIDTH)

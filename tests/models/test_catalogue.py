@@ -15,6 +15,7 @@ import flowserve.models.simulate
 from flowserve.errors import ErrorKind, FlowserveError
 from flowserve.models import BANDWIDTH, Catalogue, ModelSpec
 from flowserve.runtime import hardware as hw
+from flowserve.topology.spec import ModelsSpec
 
 
 def test_a_load_takes_the_size_over_the_bandwidth() -> None:
@@ -41,6 +42,19 @@ def test_mistakes_name_the_model() -> None:
         ModelSpec("b", 0, 0.0, {1: 0.1})
     with pytest.raises(FlowserveError, match="unknown link 'usb'"):
         ModelSpec.emulated("c", "resnet50", link="usb")
+
+
+def test_a_real_catalogue_declares_its_measured_load_time_and_kind() -> None:
+    spec = ModelsSpec(count=3, prefix="dv-", kind="digits-mlp", size_mb=0.04, load_ms=2.0,
+                      latency_ms={1: 0.1, 32: 0.5})
+    cat = Catalogue.declared(spec)
+    assert [s.name for s in cat] == ["dv-00000", "dv-00001", "dv-00002"]
+    assert {(s.kind, s.size_bytes, s.load_s) for s in cat} == {("digits-mlp", 40_000, 0.002)}
+    assert cat[0].batch_s(32) == pytest.approx(0.0005)
+    one = ModelsSpec(names=[{"name": "big", "kind": "digits-cnn", "size_mb": 16.0, "latency_ms": {1: 1.0}}])
+    (big,) = Catalogue.declared(one)
+    assert big.kind == "digits-cnn" and big.load_s == pytest.approx(16e6 / BANDWIDTH["pcie3-x16"])  # no load_ms
+    assert ModelSpec.emulated("x", "alexnet").kind == "alexnet"
 
 
 @pytest.mark.parametrize("module", [flowserve.models.catalogue, flowserve.models.memory, flowserve.models.placement,
