@@ -12,10 +12,11 @@ from flowserve.models.capabilities import ServesModels
 from flowserve.models.catalogue import BANDWIDTH, Catalogue, ModelSpec
 from flowserve.models.memory import DeviceMemory, Predictor
 from flowserve.models.placement import Placement, partition_of
+from flowserve.models.routing import ModelRouter, PlacementChange
 from flowserve.models.scheduler import Action, ActionKind, Scheduler, Step
 from flowserve.models.simulate import Outcome, Policy, Workload, jitter_margin, poisson_zipf, run, zipf
 from flowserve.models.stage import ModelHooks, model_hooks
 
-__all__ = ["BANDWIDTH", "Action", "ActionKind", "Catalogue", "DeviceMemory", "LruServer", "ModelHooks", "ModelSpec",
-           "Outcome", "Placement", "Policy", "Predictor", "Scheduler", "ServesModels", "Step", "Workload",
-           "jitter_margin", "model_hooks", "partition_of", "poisson_zipf", "run", "zipf"]
+__all__ = ["BANDWIDTH", "Action", "ActionKind", "Catalogue", "DeviceMemory", "LruServer", "ModelHooks", "ModelRouter",
+           "ModelSpec", "Outcome", "Placement", "PlacementChange", "Policy", "Predictor", "Scheduler", "ServesModels",
+           "Step", "Workload", "jitter_margin", "model_hooks", "partition_of", "poisson_zipf", "run", "zipf"]

@@ -43,8 +43,11 @@ class Placement:
         self.holders: dict[str, tuple[int, ...]] = {}
 
     def owner(self, partition: int) -> int:
-        """The worker Kafka's range assignor gives ``partition`` (contiguous ranges, the first ones larger)."""
-        return partition * self.workers // self.partitions
+        """The worker Kafka's range assignor gives ``partition`` (contiguous ranges, the first ones larger):
+        with ``q, r = divmod(partitions, workers)`` the first ``r`` workers take ``q + 1`` partitions each."""
+        q, r = divmod(self.partitions, self.workers)
+        big = r * (q + 1)  # the partitions of the workers with one more
+        return partition // (q + 1) if partition < big else r + (partition - big) // q
 
     def home(self, name: str) -> int:
         return self.owner(partition_of(name, self.partitions))
