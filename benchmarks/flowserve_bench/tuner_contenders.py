@@ -12,8 +12,9 @@
   deploy render`` writes them; closed loop: the cluster advances to the next HPA sync, the autoscaler
   reads each stage's simulated lag and the ready pods, and its replicas go to the scaler;
 - **oracle**: per window of ``window_s``, the fewest consumers per stage (the plan's hardware and batch)
-  whose simulation of that window alone meets the SLO (p99), knowing the future: it asks for pods the
-  longest start delay before the window they serve, and pays for them from then, as the others do.
+  whose simulation of that window alone meets the SLO (p99.5), knowing the future: it asks for pods the
+  longest start delay before the window they serve, and pays for them from then, as the others do; then
+  repaired in the whole run until it attains 99.6% (:func:`run_oracle`).
 """
 
 from __future__ import annotations
@@ -246,11 +247,48 @@ def _cost(counts: dict[str, int], price: dict[str, float]) -> float:
     return sum(counts[k] * price[k] for k in counts)
 
 
+#: the oracle sizes each window for this percentile within the SLO: the target is 99.5% attained, and a
+#: window sized at the p99 may miss 1% of its requests (the saved run's oracle attained 97.0-99.4% in 7 of
+#: 20 rows, so it was cheaper than any valid plan and every cost / oracle read too high)
+ORACLE_PERCENTILE = 99.5
+#: the attainment the oracle keeps over the whole run (the target's 99.5%, and a margin). Not per window:
+#: every change costs each pod's rebalance pause, up to a second in which the stage begins no batch, 1-3% of
+#: a 60-s window's requests at its rate, so no schedule that changes a stage keeps every window at 99.5%
+ORACLE_ATTAINMENT = 0.996
+#: whole-run simulations the oracle's repair may take (each repairs the windows that miss most)
+ORACLE_REPAIRS = 8
+
+
 def run_oracle(options: Sequence[StageOptions], trace: np.ndarray, plan: Plan, cfg: SimSettings,
-               seconds: float, counts: list[dict[str, int]] | None = None) -> Outcome:
-    """The per-window counts, each scale-up asked for the longest start delay (and pause) before its
-    window, each scale-down at its window's start."""
-    counts = counts if counts is not None else oracle_counts(options, trace, plan, cfg, seconds)
+               seconds: float, counts: list[dict[str, int]] | None = None,
+               repairs: int = ORACLE_REPAIRS) -> Outcome:
+    """The per-window counts (sized for ``ORACLE_PERCENTILE``), each scale-up asked for the longest start
+    delay (and pause) before its window, each scale-down at its window's start; then repaired in the whole
+    run, which a window sized alone does not see (the rebalance pause each change costs, the backlog a
+    window hands the next): while the run attains less than ``ORACLE_ATTAINMENT``, the windows missing
+    most, as many as hold the excess misses, each keep the previous window's consumers where they scaled
+    down (the change and its pauses go), else grow their most-waiting stage by a quarter."""
+    counts = [dict(c) for c in (counts if counts is not None else
+                                oracle_counts(options, trace, plan, cfg, seconds, ORACLE_PERCENTILE))]
+    edges = np.searchsorted(trace, np.arange(len(counts) + 1) * cfg.window_s, side="left")
+    for attempt in range(repairs + 1):
+        replicas, actions = _oracle_replicas(counts, cfg)
+        cluster = _cluster(sim_stages(options, plan.stages), trace, plan, cfg, replicas)
+        missed = cluster.result().latency_s > cfg.slo_s
+        excess = int(np.count_nonzero(missed)) - int((1 - ORACLE_ATTAINMENT) * missed.size)
+        if excess <= 0 or attempt == repairs:
+            break
+        per_window = np.add.reduceat(missed.astype(np.int64), np.minimum(edges[:-1], missed.size - 1))
+        per_window[edges[:-1] == edges[1:]] = 0  # reduceat gives an empty window its next element
+        for w in np.argsort(-per_window, kind="stable"):
+            if excess <= 0 or per_window[w] <= 0:
+                break
+            _repair(counts, int(w), cluster, (int(edges[w]), int(edges[w + 1])), plan.partitions)
+            excess -= int(per_window[w])
+    return _outcome(cluster, replicas, seconds, actions)
+
+
+def _oracle_replicas(counts: list[dict[str, int]], cfg: SimSettings) -> tuple[dict[str, Replicas], int]:
     lead = float(np.max(cfg.start_s)) + float(np.max(cfg.pause_s))
     replicas = replicas_for(counts[0], start_s=cfg.start_s, seed=cfg.seed)
     actions = 0
@@ -268,8 +306,28 @@ def run_oracle(options: Sequence[StageOptions], trace: np.ndarray, plan: Plan, c
         if want != replicas[sid].spec():
             replicas[sid].scale(at, want)
             actions += 1
-    cluster = _cluster(sim_stages(options, plan.stages), trace, plan, cfg, replicas)
-    return _outcome(cluster, replicas, seconds, actions)
+    return replicas, actions
+
+
+def _repair(counts: list[dict[str, int]], w: int, cluster: Cluster, span: tuple[int, int], partitions: int) -> None:
+    """One step up for window ``w`` (see :func:`run_oracle`)."""
+    prev = counts[w - 1] if w else counts[w]
+    lowered = [k for k in counts[w] if counts[w][k] < prev[k]]
+    for k in lowered:
+        counts[w][k] = prev[k]
+    growable = [k for k in counts[w] if counts[w][k] < partitions]
+    if lowered or not growable:
+        return
+    lo, hi = span
+
+    def wait(k: str) -> float:
+        st = cluster.state[k]
+        waits = (st.begin[lo:hi] - st.reach[lo:hi])
+        waits = waits[np.isfinite(waits)]
+        return float(np.percentile(waits, ORACLE_PERCENTILE)) if waits.size else 0.0
+
+    k = max(growable, key=wait)
+    counts[w][k] = min(partitions, counts[w][k] + max(1, counts[w][k] // 4))
 
 
 def _still_needed(counts: list[dict[str, int]], sid: str, at: float, window_s: float, lead: float) -> int:

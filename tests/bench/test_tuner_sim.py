@@ -76,12 +76,14 @@ def test_the_oracle_is_never_worse_than_a_contender_on_a_hand_made_trace() -> No
     def cost(name: str) -> float:
         return sum(runs[name].pod_seconds[k] * prices[k] for k in prices)
 
-    def p99(name: str) -> float:
-        return float(np.percentile(runs["oracle" if name == "oracle" else name].latency_s, 99, method="higher"))
+    def attainment(name: str) -> float:
+        return float(np.mean(runs[name].latency_s <= cfg.slo_s))
 
-    assert p99("oracle") <= cfg.slo_s
+    # the oracle meets the target (99.5% within the SLO), not only the p99 a window is sized for,
+    # and costs no more than any contender that meets it too
+    assert attainment("oracle") >= 0.995
     for name in ("static", "tuner", "keda"):
-        if p99(name) <= cfg.slo_s:
+        if attainment(name) >= 0.995:
             assert cost("oracle") <= cost(name), name
     assert cost("oracle") < cost("static")
 

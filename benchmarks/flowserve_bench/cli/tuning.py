@@ -36,6 +36,13 @@ def register(workloads: Any) -> None:
     simulated.add_argument("--trace", metavar="FILE", help="also run this trace file (flowserve trace record)")
     simulated.add_argument("--pipelines", nargs="+", default=None,
                            help="the emulated pipelines (default: all four)")
+    simulated.add_argument("--traces", nargs="*", default=None,
+                           help="the generated traces (default: diurnal spike bursty mmpp; none: --trace alone)")
+    simulated.add_argument("--contenders", nargs="+", default=None,
+                           help="the contenders (default: all; the targets need tuner, static, keda, keda-tuned "
+                           "and oracle)")
+    simulated.add_argument("--sim-seconds", type=float, default=3600.0,
+                           help="length of each generated trace (seconds)")
 
     p = workload(workloads, "simulate", _simulate, summary="the simulator's p99 against live runs",
                  description="Per emulated pipeline: plan for a Poisson trace, deploy the plan, replay traces of "
@@ -66,12 +73,16 @@ def _plan_objectives(args: argparse.Namespace) -> Result:
 
 
 def _tuner(args: argparse.Namespace) -> Result:
+    from flowserve.tuning.traces import SCALE_KINDS
     from flowserve_bench.planner_speed import planner_bench
     from flowserve_bench.tuner import tuner_bench
+    from flowserve_bench.tuner_contenders import CONTENDERS
     from flowserve_bench.tuner_sim import DEFAULT_PIPELINES, simulated_bench
 
     if args.simulated:  # the contenders in the simulated cluster: no broker
-        return simulated_bench(args.pipelines or DEFAULT_PIPELINES, trace_file=args.trace, log=console.print)
+        traces = SCALE_KINDS if args.traces is None else args.traces
+        return simulated_bench(args.pipelines or DEFAULT_PIPELINES, traces, trace_file=args.trace,
+                               seconds=args.sim_seconds, contenders=args.contenders or CONTENDERS, log=console.print)
     if args.part == "planner":  # the planner and simulator alone: no broker
         return planner_bench(log=console.print)
     return on_broker(args, lambda kafka: tuner_bench(kafka, rate=args.rate, seconds=args.trace_seconds,
