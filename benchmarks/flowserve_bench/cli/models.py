@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from flowserve.cli import common
 from flowserve.cli.common import console
-from flowserve_bench.cli.shared import Result, workload
+from flowserve_bench.cli.shared import Result, on_broker, workload
 
 
 def register(workloads: Any) -> None:
@@ -25,10 +26,21 @@ def register(workloads: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of arrivals, popularity and jitter")
     p.add_argument("--no-highest", dest="highest", action="store_false",
                    help="skip the search for the highest load at which each contender meets 99.9%% (done by default)")
+    p.add_argument("--real", action="store_true",
+                   help="instead, the LIVE run with real models: 100 digits variants from the registry on one "
+                   "worker on a broker, every answer checked against its variant run alone (flowserve_bench."
+                   "models_real)")
+    p.add_argument("--per-model", type=int, default=4, help="--real: requests per variant")
+    common.broker_options(p)  # --real only: the broker it runs on
 
 
 def _models(args: argparse.Namespace) -> Result:
     from flowserve_bench.models import models_bench
 
+    if args.real:
+        from flowserve_bench.models_real import real_bench
+
+        return on_broker(args, lambda kafka: real_bench(kafka, per_model=args.per_model, seed=args.seed,
+                                                        log=console.print))
     return models_bench(args.models, args.zipf, args.workers, args.loads, seconds=args.seconds, seed=args.seed,
                         highest=args.highest, log=console.print)
