@@ -43,6 +43,7 @@ def register(sub: Any) -> None:
 def serve_blocking(topologies: Sequence[Topology], kafka: KafkaSettings, settings: GatewaySettings) -> int:
     """Run a gateway in this thread until SIGINT/SIGTERM."""
     from flowserve.gateway.app import Gateway  # the HTTP server and aiokafka: not for --help
+    from flowserve.models.agent import placement_agents
     from flowserve.runtime.eventloop import run
 
     async def main() -> None:
@@ -50,12 +51,22 @@ def serve_blocking(topologies: Sequence[Topology], kafka: KafkaSettings, setting
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        async with Gateway(topologies, kafka, settings) as gateway:
+        gateway = Gateway(topologies, kafka, settings)
+        # many-model nodes: each model's requests to the workers placed to hold it (flowserve.models)
+        agents = placement_agents(topologies, kafka, instance=settings.instance)
+        gateway.bridge.routes.update({name: agent.router for name, agent in agents.items()})
+        async with gateway:
+            for agent in agents.values():
+                await agent.start()
             names = ", ".join(t.name for t in topologies)
             console.print(f"[green]gateway[/] serving {names} at [bold]{gateway.url}/v2[/] "
                           f"(auth {'on' if settings.auth else 'off'}); Ctrl-C to stop")
             print(gateway.url, flush=True)
-            await stop.wait()
+            try:
+                await stop.wait()
+            finally:
+                for agent in agents.values():
+                    await agent.stop()
 
     run(main(), settings.event_loop)
     return 0

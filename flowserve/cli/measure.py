@@ -64,7 +64,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return 0
     # gateways publish their refusal counters here too (flowserve.gateway.app): a table of their own
     gateways = [s for s in snaps if s.get("role") == "gateway"]
-    snaps = [s for s in snaps if s.get("role") != "gateway"]
+    # placement agents (flowserve.models.agent) publish where the models of many-model nodes are placed
+    placements = [s["placement"] for s in snaps if s.get("role") == "placement" and "placement" in s]
+    snaps = [s for s in snaps if s.get("role") not in ("gateway", "placement")]
     if gateways:
         _gateway_table(topology.name, gateways)
     if not snaps:
@@ -107,7 +109,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if row["age_s"] <= LIVE_AGE_S:
             live[str(row["node"])] += 1
     out.print("consumers per stage: " + ", ".join(f"{n} {c}" for n, c in live.items()))
-    _models_table(per_model(snaps))
+    _models_table(per_model(snaps), placements)
     if energy:
         busy, idle = sum(r.get("energy_j", 0) for r in rows), sum(r.get("idle_j", 0) for r in rows)
         grams = sum(r.get("co2e_g", 0) for r in rows)
@@ -127,18 +129,26 @@ def _energy_columns(rows: list[dict[str, Any]], snaps: list[dict[str, Any]]) -> 
     return [("energy J", "energy_j"), ("idle J", "idle_j"), ("CO2e g", "co2e_g")]
 
 
-def _models_table(counts: dict[str, dict[str, int]], top: int = 20) -> None:
-    """The busiest models of many-model nodes (flowserve.models), summed over workers; all: flowserve models list."""
+def _models_table(counts: dict[str, dict[str, int]], placements: list[dict[str, Any]], top: int = 20) -> None:
+    """The busiest models of many-model nodes (flowserve.models), summed over workers; all: flowserve models list.
+    ``placed`` (with a placement agent): the partitions its requests go to, one per worker, where it has more
+    than its home; each placement agent's line says over how many workers and partitions it places."""
+    placed: dict[str, list[int]] = {}
+    for p in placements:
+        out.print(f"placement of node {p.get('node')}: {p.get('workers')} worker(s), {p.get('partitions')} "
+                  f"partitions, {len(p.get('models', {}))} model(s) on more than one worker")
+        for name, where in p.get("models", {}).items():
+            placed[name] = where.get("partitions", [])
     if not counts:
         return
     busiest = sorted(counts.items(), key=lambda kv: (-kv[1]["answers"] - kv[1]["refusals"], kv[0]))[:top]
     table = Table(title=f"models: the {len(busiest)} busiest of {len(counts)} with any activity")
     cols = ("resident", "loads", "evictions", "refusals", "answers")
     table.add_column("model")
-    for col in cols:
+    for col in (*cols, "placed"):
         table.add_column(col, justify="right")
     for name, c in busiest:
-        table.add_row(name, *(str(c[col]) for col in cols))
+        table.add_row(name, *(str(c[col]) for col in cols), ",".join(map(str, placed.get(name, []))) or "home")
     out.print(table)
 
 

@@ -69,12 +69,13 @@ class TopologyClient:
 
     async def queue(self, tensors: Mapping[str, np.ndarray], *, request_id: str | None = None,
                     timeout_ms: int | None = None, headers: Mapping[str, str] | None = None,
-                    raw_value: bytes | None = None) -> str:
-        """Queue one request (sent by :meth:`flush`). Returns its request id."""
+                    raw_value: bytes | None = None, partition: int | None = None) -> str:
+        """Queue one request (sent by :meth:`flush`). Returns its request id. ``partition``: where it goes
+        (for a many-model node, ``flowserve.models.ModelRouter.partition(model)``); default: in turn."""
         rid = request_id or new_request_id()
         deadline = now_ms() + (timeout_ms if timeout_ms is not None else self.topology.spec.deadline_ms)
         value = raw_value if raw_value is not None else encode_tensors(tensors)
-        self._partition = (self._partition + 1) % self.partitions
+        self._partition = (self._partition + 1) % self.partitions if partition is None else partition % self.partitions
         self._router.queue(self.topology.inputs_topic, self._partition, rid, value,
                            self._headers(rid, deadline, headers))
         return rid

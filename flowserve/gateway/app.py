@@ -357,7 +357,7 @@ class Gateway:
                                deadline_ms=now_ms() + timeout_ms,
                                traceparent=traceparent if _TRACEPARENT.match(traceparent) else new_traceparent(),
                                extra=extra)
-        future = self.bridge.submit(topology, rid, value, headers, timeout_ms / 1000)
+        future = self.bridge.submit(topology, rid, value, headers, timeout_ms / 1000, model)
         try:
             reply: Reply = await future
         except DeadlineExceeded as exc:

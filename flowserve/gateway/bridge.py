@@ -9,6 +9,10 @@ deadlines and per-tick produce batches are the request-reply engine's
 A topology can gain partitions while it runs (``flowserve tune --max-partitions``): once a second the
 bridge looks at its producer's metadata, and when a topology's inputs topic has grown it grows its own
 reply topic to match, reads the new reply partitions, and only then sends requests to the new ones.
+
+A request naming a model of a many-model node goes where that model is placed instead: the partition its
+topology's :class:`Routes` gives (:attr:`KafkaBridge.routes`; ``flowserve gateway`` sets a
+:class:`flowserve.models.ModelRouter` for each topology with a ``models:`` node).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import Protocol
 
 from flowserve.errors import BrokerError
 from flowserve.kafka.admin import delete_topics, ensure_topics, grow_partitions
@@ -26,6 +31,14 @@ from flowserve.topology.graph import Topology
 from flowserve.wire.envelope import Headers
 
 log = logging.getLogger("flowserve.gateway")
+
+
+class Routes(Protocol):
+    """Where the requests for the models of one topology's many-model node enter (docs/models.md)."""
+
+    def partition(self, model: str) -> int:
+        """The partition of the next request for ``model``."""
+        ...
 
 
 class KafkaBridge:
@@ -42,6 +55,8 @@ class KafkaBridge:
             client_id=f"fs-gateway-{instance}", label=f"gateway {instance}")
         #: topology name -> the partitions requests go to (grows with the topology's inputs topic)
         self.partitions = {t.name: t.spec.partitions for t in self.topologies}
+        #: topology name -> the partitions of requests naming a model (many-model nodes; others rotate)
+        self.routes: dict[str, Routes] = {}
         self._growth: asyncio.Task[None] | None = None
 
     @property
@@ -84,12 +99,15 @@ class KafkaBridge:
         await self.router.send(topology.feedback_topic, key, value, headers)
 
     def submit(self, topology: Topology, request_id: str, value: bytes, headers: Headers,
-               timeout_s: float) -> asyncio.Future[Reply]:
+               timeout_s: float, model: str | None = None) -> asyncio.Future[Reply]:
         """Queue one request; the future resolves with its reply, or fails at ``timeout_s``.
 
-        Requests of one tick go to one partition of each topology, the next tick's to the next one.
+        Requests of one tick go to one partition of each topology, the next tick's to the next one; a
+        request for ``model`` goes to the partition its topology's :attr:`routes` give, where it has some.
         """
-        partition = self.router.batch % self.partitions[topology.name]
+        routes = self.routes.get(topology.name) if model is not None else None
+        chosen = routes.partition(model) if routes is not None and model is not None else self.router.batch
+        partition = chosen % self.partitions[topology.name]
         return self.router.submit(topology.inputs_topic, partition, request_id, value, headers, timeout_s)
 
     async def _follow_growth(self) -> None:

@@ -35,6 +35,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from flowserve.errors import ErrorKind, FlowserveError
+from flowserve.runtime.metrics import per_model
 from flowserve.topology.graph import Topology
 from flowserve.ui.graph import graph_view
 from flowserve.ui.live import HISTORY, LiveState
@@ -83,11 +84,15 @@ class TopologyView:
         self.drift: dict[str, dict[str, Any]] = {}
         self.drift_history: dict[str, deque[dict[str, Any]]] = {}
         self.actions: list[dict[str, Any]] = []
+        #: the busiest models of many-model nodes, with where they are placed (:func:`model_rows`)
+        self.models: list[dict[str, Any]] = []
         self.error: str | None = None
 
     async def poll(self) -> None:
         try:
-            self.live.update(await self.sources.snapshots(self.topology))
+            snaps = await self.sources.snapshots(self.topology)
+            self.live.update(snaps)
+            self.models = model_rows(snaps)
             if self.sources.drift is not None:
                 self._fold_drift(await self.sources.drift(self.topology))
             if self.sources.actions is not None:
@@ -113,13 +118,25 @@ class TopologyView:
     def stats(self) -> dict[str, Any]:
         drift = {k: {"windows": v.get("windows"), "drift_windows": v.get("drift_windows"), **v.get("latest", {})}
                  for k, v in self.drift.items()}
-        return {**self.live.stats(), "drift": drift, "actions": self.actions, "error": self.error,
+        return {**self.live.stats(), "drift": drift, "actions": self.actions, "models": self.models,
+                "error": self.error,
                 "panels": {"drift": self.sources.drift is not None, "lineage": self.sources.lineage is not None,
-                           "actions": self.sources.actions is not None}}
+                           "actions": self.sources.actions is not None, "models": bool(self.models)}}
 
     def history(self, last: int | None) -> dict[str, Any]:
         drift = {k: list(h)[-last:] if last else list(h) for k, h in self.drift_history.items()}
         return {"nodes": self.live.series(last), "drift": drift}
+
+
+def model_rows(snaps: list[dict[str, Any]], top: int = 20) -> list[dict[str, Any]]:
+    """The ``top`` busiest models of many-model nodes: the workers' counts summed (resident: on how many
+    workers), and ``placed``: the partitions a placement agent sends its requests to, where it has more
+    than its home (flowserve.models.agent)."""
+    placed = {name: where.get("partitions", []) for s in snaps if s.get("role") == "placement"
+              for name, where in s.get("placement", {}).get("models", {}).items()}
+    counts = per_model(snaps)
+    busiest = sorted(counts.items(), key=lambda kv: (-kv[1]["answers"] - kv[1]["refusals"], kv[0]))[:top]
+    return [{"model": name, **c, "placed": placed.get(name, [])} for name, c in busiest]
 
 
 def _status(kind: ErrorKind) -> int:

@@ -80,7 +80,7 @@ async def test_endpoints_serve_live_figures_history_drift_and_lineage(kafka, uni
             assert figures["counters"]["dead_lettered"] == 0
         [(key, detector)] = stats["drift"].items()
         assert key.startswith("input_drift") and 0 <= detector["p_val"] <= 1 and detector["windows"] >= 1
-        assert stats["panels"] == {"drift": True, "lineage": True, "actions": True}
+        assert stats["panels"] == {"drift": True, "lineage": True, "actions": True, "models": False}
         [action] = stats["actions"]
         assert action["source"] == "control" and action["action"]["command"] == "stats"
         assert action["action"]["node"] == "model"

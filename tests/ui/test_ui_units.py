@@ -117,7 +117,7 @@ async def test_endpoints_without_a_broker_serve_what_the_sources_give() -> None:
         assert stats["nodes"]["pre"]["counters"]["requests_ok"] == 30
         assert stats["nodes"]["pre"]["rate_rps"] == 10.0
         assert stats["nodes"]["model"]["health"] == "unknown"
-        assert stats["panels"] == {"drift": False, "lineage": False, "actions": False}
+        assert stats["panels"] == {"drift": False, "lineage": False, "actions": False, "models": False}
         assert stats["drift"] == {} and stats["actions"] == [] and stats["error"] is None
         async with http.get(f"{ui.url}/api/digits/lineage?id=abcdef012345") as res:
             assert res.status == 404 and (await res.json())["error"] == "lineage is not available here"

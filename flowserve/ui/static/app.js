@@ -163,6 +163,17 @@ function drawSide(stats) {
     ul.appendChild(li);
   }
   if (!ul.children.length) ul.innerHTML = "<li>none yet</li>";
+  drawModels(stats);
+}
+
+function drawModels(stats) {
+  // many-model nodes (flowserve.models): the busiest models, and where a placement agent sends them
+  document.getElementById("models-panel").hidden = !stats.panels.models;
+  const cols = ["model", "resident", "loads", "evictions", "refusals", "answers", "placed"];
+  const rows = (stats.models || []).map(m => "<tr>" + cols.map(c => `<td>${esc(
+    c === "placed" ? (m.placed.length ? m.placed.join(",") : "home") : m[c])}</td>`).join("") + "</tr>");
+  document.getElementById("models").innerHTML =
+    "<tr>" + cols.map(c => `<th>${c}</th>`).join("") + "</tr>" + rows.join("");
 }
 
 async function poll() {
