@@ -267,15 +267,25 @@ def run_oracle(options: Sequence[StageOptions], trace: np.ndarray, plan: Plan, c
     run, which a window sized alone does not see (the rebalance pause each change costs, the backlog a
     window hands the next): while the run attains less than ``ORACLE_ATTAINMENT``, the windows missing
     most, as many as hold the excess misses, each keep the previous window's consumers where they scaled
-    down (the change and its pauses go), else grow their most-waiting stage by a quarter."""
+    down (the change and its pauses go), else grow their most-waiting stage by a quarter. The cheapest run
+    meeting it is kept, else the one attaining most."""
     counts = [dict(c) for c in (counts if counts is not None else
                                 oracle_counts(options, trace, plan, cfg, seconds, ORACLE_PERCENTILE))]
     edges = np.searchsorted(trace, np.arange(len(counts) + 1) * cfg.window_s, side="left")
+    price = {k: hw.HARDWARE[c.hardware].price_per_hour for k, c in plan.stages.items()}
+    best: tuple[tuple[bool, float], Outcome] | None = None
     for attempt in range(repairs + 1):
         replicas, actions = _oracle_replicas(counts, cfg)
         cluster = _cluster(sim_stages(options, plan.stages), trace, plan, cfg, replicas)
-        missed = cluster.result().latency_s > cfg.slo_s
+        out = _outcome(cluster, replicas, seconds, actions)
+        missed = out.latency_s > cfg.slo_s
         excess = int(np.count_nonzero(missed)) - int((1 - ORACLE_ATTAINMENT) * missed.size)
+        # a repair adds changes, and each costs pauses: a later run can attain less than an earlier one
+        # (social-media, azure-conv: 99.46% after 8 runs, 99.20% at 4x the cost after 12 with bolder steps),
+        # so the cheapest run that meets the target is kept, else the one attaining most
+        key = (excess <= 0, -sum(out.pod_seconds[k] * price[k] for k in price) if excess <= 0 else -excess)
+        if best is None or key > best[0]:
+            best = (key, out)
         if excess <= 0 or attempt == repairs:
             break
         per_window = np.add.reduceat(missed.astype(np.int64), np.minimum(edges[:-1], missed.size - 1))
@@ -285,7 +295,8 @@ def run_oracle(options: Sequence[StageOptions], trace: np.ndarray, plan: Plan, c
                 break
             _repair(counts, int(w), cluster, (int(edges[w]), int(edges[w + 1])), plan.partitions)
             excess -= int(per_window[w])
-    return _outcome(cluster, replicas, seconds, actions)
+    assert best is not None  # noqa: S101 - the loop runs at least once
+    return best[1]
 
 
 def _oracle_replicas(counts: list[dict[str, int]], cfg: SimSettings) -> tuple[dict[str, Replicas], int]:
