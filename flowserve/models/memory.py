@@ -120,6 +120,12 @@ class Predictor:
         score, at = self._score.get(name, (0.0, now))
         self._score[name] = (score * math.exp(-(now - at) / self.tau) + 1.0, now)
 
+    def expect(self, name: str, rate: float, now: float) -> None:
+        """Start ``name`` at ``rate`` requests per second as of ``now`` (a prior, such as the share of the
+        traffic a placement gave the model): a model made resident before its first request is otherwise
+        unpredicted, so furthest of all, and the first loads would evict the hottest models first."""
+        self._score[name] = (rate * self.tau, now)
+
     def rate(self, name: str, now: float) -> float:
         score, at = self._score.get(name, (0.0, now))
         return score * math.exp(-(now - at) / self.tau) / self.tau

@@ -86,3 +86,15 @@ def test_lru_serves_in_arrival_order_and_evicts_the_least_recently_used() -> Non
     assert (batch.kind, batch.model, batch.requests) == (ActionKind.BATCH, "b", (2,))  # oldest resident one
     assert (load.kind, load.model, load.evicted) == (ActionKind.LOAD, "c", ("a",))  # b is pinned by its batch
     assert out.refused == []
+
+
+def test_a_prior_rate_keeps_a_preloaded_hot_model_resident_before_its_first_request() -> None:
+    cat = Catalogue([ModelSpec(n, 100, 0.01, {1: 0.005}) for n in ("a-hot", "b-cold", "new")])
+    for expect, evicted in (({}, ("a-hot",)), ({"a-hot": 50.0}, ("b-cold",))):
+        s = Scheduler(cat, capacity=200)
+        s.preload(["a-hot", "b-cold"])
+        s.expect(expect)  # without a prior both are unpredicted, and the least recently used goes: a tie, by name
+        assert s.predictor.rate("a-hot", 0.0) == (50.0 if expect else 0.0)
+        s.submit(0, "new", deadline=1.0, now=0.0)
+        (load,) = s.step(0.0).actions
+        assert load.model == "new" and load.evicted == evicted

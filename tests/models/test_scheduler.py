@@ -103,3 +103,29 @@ def test_a_margin_below_one_is_refused() -> None:
     with pytest.raises(FlowserveError, match="margin") as e:
         Scheduler(Catalogue([_spec("a")]), capacity=100, margin=0.9)
     assert e.value.kind is ErrorKind.INVALID_SETTINGS
+
+
+def test_the_copy_lane_sets_aside_a_long_load_that_would_cost_two_short_ones_their_deadlines() -> None:
+    cat = Catalogue([_spec("long", load_ms=30.0), _spec("b"), _spec("c")])
+    s = Scheduler(cat, capacity=300)  # room for all three: only the copy lane's time is short
+    s.submit(0, "long", deadline=0.040, now=0.0)  # alone: a 30-ms load and a 5-ms batch make it
+    s.submit(1, "b", deadline=0.046, now=0.0)
+    s.submit(2, "c", deadline=0.050, now=0.0)
+    # in deadline order "long" goes first and then "c" cannot make it: one load of 30 ms would cost two of 10
+    step = s.step(0.0)
+    (first,) = step.actions
+    assert (first.kind, first.model) == (ActionKind.LOAD, "b")
+    assert step.refused == [0]  # behind b's load, 10 + 30 + 5 ms is past its 40: refused early, never loaded
+    s.finished(first, first.end)
+    second = s.step(first.end)
+    assert [(a.kind, a.model) for a in second.actions] == [(ActionKind.BATCH, "b"), (ActionKind.LOAD, "c")]
+    assert all(never_late(a) for a in [first, *second.actions])
+
+
+def test_loads_keep_deadline_order_when_the_copy_lane_makes_every_deadline() -> None:
+    cat = Catalogue([_spec("long", load_ms=30.0), _spec("b"), _spec("c")])
+    s = Scheduler(cat, capacity=300)
+    s.submit(0, "long", deadline=0.040, now=0.0)
+    s.submit(1, "b", deadline=0.080, now=0.0)
+    s.submit(2, "c", deadline=0.090, now=0.0)
+    assert [(a.kind, a.model) for a in s.step(0.0).actions] == [(ActionKind.LOAD, "long")]
