@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from flowserve.component import Batch, Component, Port, pick_device, torch_threads
 from flowserve.errors import ErrorKind, FlowserveError
 from flowserve.models import ModelSpec
-from flowserve_components.digit_variants import ARCH, REGISTRY, module
+from flowserve_components.digit_variants import ARCH, REGISTRY, module, produce
 
 if TYPE_CHECKING:
     import torch
@@ -40,6 +40,8 @@ class TorchModelsParams(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when present, else cpu")
     kind: str = Field(ARCH, description="the zoo architecture of a model whose catalogue entry names no kind")
     threads: int = Field(1, ge=1, le=256, description="torch intra-op threads per lane (CPU only)")
+    variants: int = Field(0, ge=0, le=100_000, description="prepare registers this many digits variants "
+                          "(flowserve_components.digit_variants) where missing; 0: the registry is filled elsewhere")
 
 
 class TorchModels(Component):
@@ -56,6 +58,11 @@ class TorchModels(Component):
         super().__init__(params, node=node)
         self._resident: dict[str, torch.nn.Module] = {}
         self._lock = threading.Lock()  # the copy and compute lanes are two threads
+
+    def prepare(self) -> None:
+        """Register the digits variants the params ask for, once, before the workers that load them start."""
+        if self.params.variants:
+            produce(self.params.variants, registry=self.params.registry)
 
     def setup(self) -> None:
         self.device = pick_device() if self.params.device == "auto" else self.params.device

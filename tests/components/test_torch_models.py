@@ -79,3 +79,11 @@ def test_shift_moves_pixels_and_fills_zeros() -> None:
     moved = dv.shift(image, 1, -1).reshape(8, 8)
     assert moved[0, 0] == 0 and moved[7].sum() == 0  # a column in from the left, a row in from the bottom
     assert moved[0, 1] == image.reshape(8, 8)[1, 0]
+
+
+def test_prepare_registers_the_variants_it_is_asked_for(variants: list[str]) -> None:
+    TorchModels.configure({"variants": 5}, node="zoo").prepare()  # three are there: two more
+    assert [m.version for m in Registry(dv.REGISTRY, dv.name_of(4)).versions()] == ["v1"]
+    assert Registry(dv.REGISTRY, dv.name_of(3)).live() == "v1"
+    TorchModels.configure({}, node="zoo").prepare()  # none asked for: nothing trained
+    assert not Registry(dv.REGISTRY, dv.name_of(5)).dir.exists()
