@@ -15,18 +15,13 @@ that version and ignores commands.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from aiokafka import TopicPartition
-
 from flowserve.component import Component, require
 from flowserve.errors import FlowserveError
-from flowserve.kafka.clients import make_consumer
+from flowserve.kafka.control import ControlFollower, send_command
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.learning.capabilities import Retrainable
 from flowserve.learning.registry import BASE, Registry
@@ -41,8 +36,6 @@ log = logging.getLogger("flowserve.learning")
 
 #: the control command that switches a node's live version.
 COMMAND = "version"
-#: the broker wait of a worker's fetches of the control topic (ms)
-FOLLOW_WAIT_MS = 500
 
 
 class VersionHooks(StageHooks):
@@ -62,8 +55,9 @@ class VersionHooks(StageHooks):
         self.current = BASE
         self._pending: str | None = None
         self._header = b""
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._follower = (ControlFollower(topology, kafka, self.settings, command=COMMAND, node=node,
+                                          on_command=self._command, on_ready=self._look_again)
+                          if pinned is None and kafka is not None else None)
         self.switches = 0
 
     def start(self, stage: StageContext) -> None:
@@ -72,9 +66,8 @@ class VersionHooks(StageHooks):
             self._header = f"{self.node}={BASE}".encode()
         else:
             self._switch(version)
-        if self.pinned is None and self.kafka is not None:
-            self._task = asyncio.get_running_loop().create_task(self._follow(), name=f"versions-{self.node}")
-            self._task.add_done_callback(_report)
+        if self._follower is not None:
+            self._follower.start()
 
     def _switch(self, version: str) -> None:
         if version == BASE:
@@ -87,42 +80,16 @@ class VersionHooks(StageHooks):
         self.current = version
         self._header = f"{self.node}={version}".encode()
 
-    async def _follow(self) -> None:
-        """Read version commands for this node from the control topic, from its end at start."""
-        assert self.kafka is not None
-        # Commands are rare and may wait half a second: long broker waits keep an idle follower nearly free.
-        settings = self.settings.model_copy(update={"fetch_max_wait_ms": FOLLOW_WAIT_MS})
-        consumer = make_consumer(self.kafka, settings, group_id=None, client_id=f"fs-{self.node}-versions",
-                                 max_message_bytes=self.topology.spec.max_message_bytes)
-        await consumer.start()
-        try:
-            tp = TopicPartition(self.topology.control_topic, 0)
-            consumer.assign([tp])
-            await consumer.seek_to_end(tp)
-            await consumer.position(tp)
-            # A promotion between start() and this position is in the registry already: look once more.
-            live = self.registry.live()
-            if live != self.current:
-                self._pending = live
-            while not self._stop.is_set():
-                fetched = await consumer.getmany(tp, timeout_ms=FOLLOW_WAIT_MS, max_records=100)
-                for record in fetched.get(tp, []):
-                    version = self._command_version(record.value)
-                    if version is not None:
-                        self._pending = version
-        finally:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+    def _look_again(self) -> None:
+        """The follower has its position: a promotion since :meth:`start` is in the registry already."""
+        live = self.registry.live()
+        if live != self.current:
+            self._pending = live
 
-    def _command_version(self, value: bytes | None) -> str | None:
-        try:
-            body = json.loads(value or b"")
-        except ValueError:
-            return None
-        if not isinstance(body, dict) or body.get("command") != COMMAND or body.get("node") != self.node:
-            return None
+    def _command(self, body: dict[str, Any]) -> None:
         version = body.get("version")
-        return version if isinstance(version, str) else None
+        if isinstance(version, str):
+            self._pending = version
 
     def begin(self, items: Sequence[Item]) -> Any:
         header = self._header
@@ -145,12 +112,8 @@ class VersionHooks(StageHooks):
         return {"version_switches": self.switches}
 
     def close(self) -> None:
-        self._stop.set()
-
-
-def _report(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("version follower stopped: %r", task.exception())
+        if self._follower is not None:
+            self._follower.stop()
 
 
 def version_hooks(kafka: KafkaSettings, settings: WorkerSettings | None = None) -> HookFactory:
@@ -167,15 +130,4 @@ def version_hooks(kafka: KafkaSettings, settings: WorkerSettings | None = None) 
 
 async def send_version(topology: Topology, kafka: KafkaSettings, node: str, version: str) -> None:
     """Tell every worker of ``node`` to switch to ``version`` between two batches."""
-    from aiokafka import AIOKafkaProducer
-
-    from flowserve.kafka.admin import ensure_topics
-
-    await ensure_topics(kafka, [topology.control_topic], 1)
-    producer = AIOKafkaProducer(**kafka.client_kwargs())
-    await producer.start()
-    try:
-        body = {"command": COMMAND, "node": node, "version": version, "ts": now_ms()}
-        await producer.send_and_wait(topology.control_topic, json.dumps(body).encode(), partition=0)
-    finally:
-        await producer.stop()
+    await send_command(topology, kafka, {"command": COMMAND, "node": node, "version": version, "ts": now_ms()})

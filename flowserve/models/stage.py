@@ -17,8 +17,6 @@ bottleneck a worker waits on anyway.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -29,12 +27,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
-from aiokafka import TopicPartition
 
 from flowserve.component import Batch, Component, read_result, require
 from flowserve.errors import ErrorKind, Failure, FlowserveError
-from flowserve.kafka.clients import make_consumer
-from flowserve.kafka.control import ModelAction, read_model_command
+from flowserve.kafka.control import MODEL_COMMAND, ControlFollower, ModelAction, model_action
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.models.capabilities import ServesModels
 from flowserve.models.catalogue import Catalogue
@@ -59,9 +55,6 @@ log = logging.getLogger("flowserve.models")
 
 #: at most this many models' own counts in a metrics snapshot (resident ones first, then the busiest)
 PER_MODEL_SHOWN = 500
-
-#: how long the control follower's fetch waits on an idle topic (commands are rare)
-FOLLOW_WAIT_MS = 500
 
 #: one request's rows per output port, or why it failed
 Served = dict[str, np.ndarray] | Failure
@@ -131,39 +124,21 @@ class ModelHooks(StageHooks):
         self._stage: StageContext | None = None
         self._by: dict[int, str] = {}  # id of a request's Ready -> the model that answered it
         self._commands: list[tuple[str, ModelAction]] = []  # from the control topic, applied between batches
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._follower = (ControlFollower(topology, kafka, self.settings, command=MODEL_COMMAND, node=node.id,
+                                          on_command=self._command)
+                          if kafka is not None and topology is not None else None)
 
     def start(self, stage: StageContext) -> None:
         self._stage = stage
-        if self.kafka is not None and self.topology is not None:
-            self._task = asyncio.get_running_loop().create_task(self._follow(), name=f"models-{self.node.id}")
+        if self._follower is not None:
+            self._follower.start()
 
     # -- operator commands: load and unload (the V2 repository API, flowserve models) ----------------
 
-    async def _follow(self) -> None:
-        """Read model commands for this node from the control topic, from its end at start."""
-        assert self.kafka is not None and self.topology is not None
-        settings = self.settings.model_copy(update={"fetch_max_wait_ms": FOLLOW_WAIT_MS})
-        consumer = make_consumer(self.kafka, settings, group_id=None, client_id=f"fs-{self.node.id}-models",
-                                 max_message_bytes=self.topology.spec.max_message_bytes)
-        await consumer.start()
-        try:
-            tp = TopicPartition(self.topology.control_topic, 0)
-            consumer.assign([tp])
-            await consumer.seek_to_end(tp)
-            await consumer.position(tp)
-            while not self._stop.is_set():
-                fetched = await consumer.getmany(tp, timeout_ms=FOLLOW_WAIT_MS, max_records=100)
-                for record in fetched.get(tp, []):
-                    command = read_model_command(record.value, self.node.id)
-                    if command is not None:
-                        self._commands.append(command)
-        except Exception as exc:  # noqa: BLE001 - without commands the node still serves: say so
-            log.error("node %s: model commands no longer followed: %r", self.node.id, exc)
-        finally:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+    def _command(self, body: dict[str, Any]) -> None:
+        command = model_action(body)
+        if command is not None:
+            self._commands.append(command)
 
     def after_step(self, *, force: bool) -> bool:
         commands, self._commands = self._commands, []
@@ -368,7 +343,8 @@ class ModelHooks(StageHooks):
         return per
 
     def close(self) -> None:
-        self._stop.set()
+        if self._follower is not None:
+            self._follower.stop()
         for lane in self._lanes.values():
             lane.shutdown(wait=True)
 
