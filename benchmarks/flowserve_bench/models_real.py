@@ -2,8 +2,10 @@
 the digits MLP (:mod:`flowserve_components.digit_variants`, fine-tuned on shifted digits and read from the
 version registry) on one :class:`~flowserve_components.torch_models.TorchModels` worker with room for ten.
 
-Requests go out in a shuffled order, ``per_model`` held-out images for every variant, most on the async
-Kafka path (``fs-model`` header) and ``via_gateway`` per variant through ``POST /v2/models/<variant>/infer``.
+Once the node has answered one warm-up request through the gateway (not counted: the gateway refuses while
+the node's consumer group forms), requests go out in a shuffled order, ``per_model`` held-out images for
+every variant, most on the async Kafka path (``fs-model`` header) and ``via_gateway`` per variant through
+``POST /v2/models/<variant>/infer``.
 Every answer is checked against the variant it named run alone in this process, one row at a time, from
 the same registry: **equal** (within float32 rounding: a batch of many rows may sum in another order than a
 batch of one) and ``fs-served-by`` the variant named; **wrong variant** where the served-by header names
@@ -26,7 +28,7 @@ import numpy as np
 
 from flowserve.client import TopologyClient
 from flowserve.client.http import AsyncHttpClient
-from flowserve.errors import ErrorKind
+from flowserve.errors import ErrorKind, FlowserveError
 from flowserve.gateway import Gateway, GatewaySettings
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.models import Catalogue, ModelHooks, model_hooks
@@ -109,14 +111,25 @@ def _inputs(names: Sequence[str], per_model: int, seed: int) -> list[tuple[str, 
 
 
 async def _send(kafka: KafkaSettings, text: str, requests: Sequence[tuple[str, np.ndarray]], via_gateway: set[int],
-                timeout_ms: int) -> tuple[list[Answer], dict[str, int], list[str]]:
+                timeout_ms: int) -> tuple[list[Answer], dict[str, int], list[str], float]:
     """The run on the broker: the node in this process (the hooks ``flowserve worker`` attaches), the
-    gateway beside it; every request's answer, the node's counters and the variants resident at the end."""
+    gateway beside it; every request's answer, the node's counters, the variants resident at the end and
+    the seconds from the first request (after the warm-up) to the last answer."""
     topology = load_topology_text(text, source="bench")
+    wait = {"x-timeout-ms": str(timeout_ms)}  # the gateway's deadline, as the Kafka requests' timeout_ms
     async with InlineHost(topology, kafka, hooks=model_hooks(kafka)) as host, \
             TopologyClient(topology, kafka) as client, \
             Gateway([topology], kafka, GatewaySettings(port=0)) as gateway, AsyncHttpClient(gateway.url) as http:
         (hook,) = [h for h in host.workers[0].hooks if isinstance(h, ModelHooks)]
+        # the gateway refuses (503) while the node's consumer group forms: wait for one answer, not counted
+        loop = asyncio.get_running_loop()
+        ready_by = loop.time() + timeout_ms / 1000
+        while (await http.infer(requests[0][0], {"x": requests[0][1]}, headers=wait)).status != 200:
+            if loop.time() > ready_by:
+                raise FlowserveError(f"the many-model node answered nothing within {timeout_ms} ms",
+                                     kind=ErrorKind.DEADLINE)
+            await asyncio.sleep(0.2)
+        started = time.perf_counter()
         waits: dict[int, Any] = {}
         for i, (model, x) in enumerate(requests):
             if i in via_gateway:
@@ -128,7 +141,7 @@ async def _send(kafka: KafkaSettings, text: str, requests: Sequence[tuple[str, n
 
         async def over_http(i: int) -> Answer:
             model, x = requests[i]
-            response = await http.infer(model, {"x": x})
+            response = await http.infer(model, {"x": x}, headers=wait)
             body = response.json()
             if response.status != 200:
                 return Answer(model, None, error=str(body.get("kind", "unknown")))
@@ -147,9 +160,10 @@ async def _send(kafka: KafkaSettings, text: str, requests: Sequence[tuple[str, n
             else:
                 served = reply.headers.get(H_SERVED_BY)
                 answers[i] = Answer(model, reply.tensors["logits"], served.decode() if served else None)
+        seconds = time.perf_counter() - started
         counters = dict(hook.counters())
         resident = sorted(hook.scheduler.memory.resident)
-    return [answers[i] for i in range(len(requests))], counters, resident
+    return [answers[i] for i in range(len(requests))], counters, resident, seconds
 
 
 async def real_bench(kafka: KafkaSettings, *, per_model: int = 4, via_gateway: int = 1, seed: int = 0,
@@ -169,9 +183,7 @@ async def real_bench(kafka: KafkaSettings, *, per_model: int = 4, via_gateway: i
     rng = np.random.default_rng(seed + 1)
     gateway = {int(i) for name in names for i in rng.permutation(
         [k for k, (m, _) in enumerate(requests) if m == name])[:via_gateway]}
-    started = time.perf_counter()
-    answers, counters, resident = await _send(kafka, text, requests, gateway, timeout_ms)
-    served_s = time.perf_counter() - started
+    answers, counters, resident, served_s = await _send(kafka, text, requests, gateway, timeout_ms)
     # the reference: each variant run alone here, one row at a time, and every variant on every input
     alone = {name: outputs([name], np.concatenate([x for m, x in requests if m == name]))[name] for name in names}
     seen: dict[str, int] = dict.fromkeys(names, 0)
