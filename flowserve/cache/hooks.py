@@ -14,6 +14,7 @@ import numpy as np
 
 from flowserve.cache.store import Lookup, NodeCache
 from flowserve.component import Component
+from flowserve.errors import Failure
 from flowserve.runtime.emit import Item
 from flowserve.runtime.hooks import Outcome, StageHooks
 from flowserve.topology.graph import Node, Topology
@@ -28,6 +29,10 @@ class CacheAnswer:
         self.cache = cache
         self.looked = looked
         self.skip = [e is not None for e in looked.entries]
+
+    @property
+    def failures(self) -> Mapping[int, Failure]:
+        return {}  # a hit is an answer: failed requests are never cached
 
     def complete(self, sizes: Sequence[int], outputs: dict[str, np.ndarray], mask: dict[str, np.ndarray],
                  errors: dict[int, str]) -> Outcome:

@@ -9,15 +9,15 @@ GPU), through the component's :class:`~flowserve.models.capabilities.ServesModel
 set, the arrival rates and the counts carry over from batch to batch.
 
 An answer carries ``fs-served-by: <model>`` (the model that computed it). A request the scheduler refuses
-gets an error result of kind ``deadline`` at once; one naming no model, or a model the node does not
-serve, gets ``invalid_input``. The hook blocks the worker's loop while it serves a batch: a batch lasts no
-longer than its requests' deadlines allow (what cannot make it is refused), and the device is the
-bottleneck a worker waits on anyway.
+gets an error result of kind ``deadline`` at once (the worker counts it ``refused``); one naming no model,
+or a model the node does not serve, fails with ``invalid_input``, and one whose model fails to load or run
+with ``component_failure`` (the worker dead-letters both, as it does its own). The hook blocks the worker's
+loop while it serves a batch: a batch lasts no longer than its requests' deadlines allow (what cannot make
+it is refused), and the device is the bottleneck a worker waits on anyway.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -42,12 +42,9 @@ from flowserve.topology.graph import Node, Topology
 from flowserve.topology.spec import ModelsSpec
 from flowserve.wire.envelope import (
     H_DEADLINE,
-    H_FORMAT,
     H_MODEL,
     H_SERVED_BY,
     deadline_of,
-    error_headers,
-    inherit,
     now_ms,
 )
 
@@ -62,13 +59,14 @@ Served = dict[str, np.ndarray] | Failure
 
 class ModelsAnswer:
     """A batch the hook answered whole: :meth:`complete` lays each request's rows out in the batch's order,
-    masking the rows of failed requests (their error results are already on their way)."""
+    masking the rows of failed requests (:attr:`failures`: the worker writes their error results)."""
 
-    __slots__ = ("served", "skip")
+    __slots__ = ("failures", "served", "skip")
 
     def __init__(self, served: list[Served]) -> None:
         self.served = served
         self.skip = [True] * len(served)
+        self.failures = {i: s for i, s in enumerate(served) if isinstance(s, Failure)}
 
     def complete(self, sizes: Sequence[int], outputs: dict[str, np.ndarray], mask: dict[str, np.ndarray],
                  errors: dict[int, str]) -> Outcome:
@@ -118,10 +116,8 @@ class ModelHooks(StageHooks):
         self.answers: Counter[str] = Counter()
         self.loads: Counter[str] = Counter()
         self.evictions: Counter[str] = Counter()
-        self.failed = 0
         self._lanes = {ActionKind.LOAD: ThreadPoolExecutor(1, thread_name_prefix=f"{node.id}-copy"),
                        ActionKind.BATCH: ThreadPoolExecutor(1, thread_name_prefix=f"{node.id}-compute")}
-        self._stage: StageContext | None = None
         self._by: dict[int, str] = {}  # id of a request's Ready -> the model that answered it
         self._commands: list[tuple[str, ModelAction]] = []  # from the control topic, applied between batches
         self._follower = (ControlFollower(topology, kafka, self.settings, command=MODEL_COMMAND, node=node.id,
@@ -129,7 +125,6 @@ class ModelHooks(StageHooks):
                           if kafka is not None and topology is not None else None)
 
     def start(self, stage: StageContext) -> None:
-        self._stage = stage
         if self._follower is not None:
             self._follower.start()
 
@@ -185,11 +180,7 @@ class ModelHooks(StageHooks):
     # -- serving a batch ---------------------------------------------------------------------------
 
     def answer(self, items: Sequence[Item], sizes: Sequence[int]) -> ModelsAnswer:
-        served = self.serve(items)
-        for item, s in zip(items, served, strict=True):
-            if isinstance(s, Failure):
-                self._fail(item, s)
-        return ModelsAnswer(served)
+        return ModelsAnswer(self.serve(items))
 
     def serve(self, items: Sequence[Item]) -> list[Served]:
         """Each request's outputs, or why it failed, once the scheduler has answered or refused them all."""
@@ -290,23 +281,6 @@ class ModelHooks(StageHooks):
                 self._by[id(items[i].ready)] = action.model
                 self.answers[action.model] += 1
             start = stop
-
-    def _fail(self, item: Item, failure: Failure) -> None:
-        """The error result of one request, as the worker writes one (its outputs' topics and its reply)."""
-        stage = self._stage
-        if stage is None:
-            raise FlowserveError("ModelHooks.start was not called", kind=ErrorKind.UNKNOWN)
-        self.failed += 1
-        r = item.ready
-        headers = inherit(r.headers, **error_headers(failure, self.node.id))
-        key = r.request_id.encode()
-        for topic in self.node.output_topics.values():
-            stage.emit(topic, r.partition, key, b"", headers)
-        if self.node.emits_outputs:
-            value = b""
-            if r.headers.get(H_FORMAT) == b"json":
-                value = json.dumps({"id": r.request_id, "error": failure.reason, "kind": failure.kind}).encode()
-            stage.emit(stage.reply_topic(r), r.partition, key, value, headers)
 
     def begin(self, items: Sequence[Item]) -> None:
         for item in items:  # each answer names the model that computed it

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -85,13 +85,15 @@ class Emitter:
     _outputs_topic: str
 
     async def _emit(self, group: list[Item], sizes: list[int], outputs: dict[str, np.ndarray],
-                    mask: dict[str, np.ndarray], errors: dict[int, str]) -> None:
+                    mask: dict[str, np.ndarray], errors: dict[int, str], failed: Collection[int] = ()) -> None:
+        """Queue each request's outputs, but those of ``failed`` (indexes of ``group``: a hook answered
+        them with an error, :meth:`_hook_failure`)."""
         node = self.node
         # Batch-native encoding: when every request has the same row count and nothing is masked or failed,
         # each port is serialised once for the whole batch and sliced per request.
         frames: dict[str, list[bytes]] = {}
         out_frames: list[bytes] | None = None
-        if not errors and len(set(sizes)) == 1:
+        if not errors and not failed and len(set(sizes)) == 1:
             for port, array in outputs.items():
                 if port not in mask and port in node.output_topics:
                     split = encode_split(port, array, len(group))
@@ -110,6 +112,9 @@ class Emitter:
         start = 0
         for index, (item, n) in enumerate(zip(group, sizes, strict=True)):
             stop = start + n
+            if index in failed:
+                start = stop
+                continue
             r = item.ready
             bad = next((errors[i] for i in range(start, stop) if i in errors), None) if errors else None
             if bad is not None:
@@ -206,6 +211,15 @@ class Emitter:
             if r.headers.get(H_FORMAT) == b"json":
                 value = json.dumps({"id": r.request_id, "error": failure.reason, "kind": failure.kind}).encode()
             self.outbox.add(self._reply_topic(r), r.partition, key, value, headers)
+
+    async def _hook_failure(self, item: Item, failure: Failure) -> None:
+        """A request a hook answered with an error (``Answered.failures``), counted as the worker's own: one
+        that cannot make its deadline is refused (an error result); anything else is a dead letter."""
+        if failure.kind in (ErrorKind.REFUSED, ErrorKind.DEADLINE):
+            self.counters.refused += 1
+            await self._emit_error(item.ready, failure)
+        else:
+            await self._dead_letter_item(item, failure)
 
     async def _dead_letter(self, key: bytes | None, value: bytes | None, raw_headers: Any, partition: int,
                            source: str, failure: Failure) -> None:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import numpy as np
 
 from flowserve.component import Component
+from flowserve.errors import Failure
 from flowserve.topology.graph import Node, Topology
 
 if TYPE_CHECKING:
@@ -92,6 +93,14 @@ class Answered(Protocol):
     @property
     def skip(self) -> Sequence[bool]:
         """Per request of the batch, in order: True when the hook answered it (``process`` skips it)."""
+        ...
+
+    @property
+    def failures(self) -> Mapping[int, Failure]:
+        """The requests (indexes as in :attr:`skip`, each skipped too) the hook answered with an error, and
+        why. The worker writes their error results and counts them as it counts its own: kinds ``refused``
+        and ``deadline`` (it cannot make its deadline) as refusals, any other (invalid input, a component's
+        failure) as a dead letter; never as ``requests_ok``."""
         ...
 
     def complete(self, sizes: Sequence[int], outputs: dict[str, np.ndarray], mask: dict[str, np.ndarray],

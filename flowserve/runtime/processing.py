@@ -10,6 +10,7 @@ request at fault is dead-lettered.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -141,13 +142,18 @@ class Processing(Emitter):
         sizes = [next(iter(it.ready.tensors.values())).shape[0] if it.ready.tensors else 1 for it in group]
         # Hooks that answer requests themselves (the prediction cache): the rest run as one smaller batch
         todo, todo_sizes = group, sizes
+        place: Sequence[int] = range(len(group))  # each request of todo's index in group
         answered: list[tuple[Answered, list[int]]] = []
+        failed: dict[int, Failure] = {}  # group index -> why a hook answered it with an error
         for hook in self.hooks:
             answer = hook.answer(todo, todo_sizes) if todo else None
             if answer is None:
                 continue
             answered.append((answer, todo_sizes))
+            for k, failure in answer.failures.items():
+                failed[place[k]] = failure
             if any(answer.skip):
+                place = [i for i, s in zip(place, answer.skip, strict=True) if not s]
                 todo = [it for it, s in zip(todo, answer.skip, strict=True) if not s]
                 todo_sizes = [n for n, s in zip(todo_sizes, answer.skip, strict=True) if not s]
         tokens = [hook.begin(group) for hook in self.hooks] if self.hooks else None
@@ -174,9 +180,13 @@ class Processing(Emitter):
             self._observe(len(todo), seconds)
         for answer, answer_sizes in reversed(answered):
             outputs, mask, errors = answer.complete(answer_sizes, outputs, mask, errors)
-        await self._emit(group, sizes, outputs, mask, errors)
+        for i, failure in failed.items():
+            await self._hook_failure(group[i], failure)
+        await self._emit(group, sizes, outputs, mask, errors, failed)
         done = now_ms()
-        for item in group:
+        for i, item in enumerate(group):
+            if i in failed:  # answered at once
+                continue
             deadline = deadline_of(item.ready.headers.get(H_DEADLINE))
             if deadline is not None and deadline < done:
                 self.counters.late += 1

@@ -62,6 +62,7 @@ def test_the_answer_masks_failed_requests_rows() -> None:
     y = np.arange(6, dtype=np.float32).reshape(3, 2)
     answer = ModelsAnswer([{"y": y[:1]}, Failure(ErrorKind.DEADLINE, "late"), {"y": y[1:]}])
     assert answer.skip == [True, True, True]
+    assert list(answer.failures) == [1] and answer.failures[1].kind is ErrorKind.DEADLINE
     outputs, mask, errors = answer.complete([1, 1, 2], {}, {}, {})
     assert outputs["y"].shape == (4, 2) and not errors
     np.testing.assert_array_equal(outputs["y"][[0, 2, 3]], y)

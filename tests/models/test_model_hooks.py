@@ -1,5 +1,5 @@
 """The many-model hook without a broker: it drives the scheduler through the component's lanes, answers each
-request with the model it named, writes refusals and failures as error results of their kind."""
+request with the model it named, hands refusals and failures to the worker as failures of their kind."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from flowserve.runtime.hooks import StageContext
 from flowserve.runtime.join import Ready
 from flowserve.runtime.worker import StageWorker
 from flowserve.topology import load_topology
-from flowserve.wire.envelope import H_DEADLINE, H_ERROR_KIND, H_MODEL, H_SERVED_BY, now_ms
+from flowserve.wire.envelope import H_DEADLINE, H_MODEL, H_SERVED_BY, now_ms
 from flowserve_components.many_models import EmulatedModels, offset
 
 ZOO = """
@@ -79,8 +79,10 @@ def test_each_request_is_answered_by_its_model_and_the_rest_refused_or_failed(wr
         assert items[i].ready.headers[H_SERVED_BY] == model.encode()
         assert outputs["y"][i, 0] == i + offset(model)
     assert mask["y"].tolist() == [True] * 4 + [False] * 3 and not errors
-    kinds = {key.decode(): dict(headers)[H_ERROR_KIND] for _, _, key, _, headers in sent}
-    assert kinds == {"r4": b"deadline", "r5": b"invalid_input", "r6": b"invalid_input"}
+    # the worker writes (and counts) the error results of the requests the hook failed
+    assert {i: f.kind for i, f in answer.failures.items()} == {4: ErrorKind.DEADLINE, 5: ErrorKind.INVALID_INPUT,
+                                                               6: ErrorKind.INVALID_INPUT}
+    assert not sent
     counters = hook.counters()
     assert counters["model_answers"] == 4 and counters["model_refusals"] == 1 and counters["model_loads"] == 3
     assert counters["model/a/answers"] == 2 and counters["model/slow/refusals"] == 1

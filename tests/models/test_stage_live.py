@@ -102,6 +102,12 @@ async def test_every_answer_comes_from_the_model_it_named(kafka, write_topology)
     counters = hook.counters()
     answered = sum(r.error is None for r in tight.values())
     assert counters["model_answers"] == len(sent) + answered
+    # the worker's own counts (flowserve stats): a refusal is no answer, a request naming no model is invalid
+    worker = host.workers[0].counters
+    assert worker.requests_ok == len(sent) + answered
+    assert worker.refused == counters["model_refusals"] >= 1
+    assert worker.dead_lettered == 2 and worker.dead_letter_reasons == {"invalid_input": 2}
+    assert worker.requests_ok + worker.refused + worker.expired + worker.dead_lettered == len(replies) + len(tight)
     assert counters["model_loads"] >= len(names)  # each model loaded at least once, 5 at a time
     assert counters["model_evictions"] >= len(names) - 5
     assert counters["models_resident"] <= 5

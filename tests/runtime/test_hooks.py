@@ -14,6 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from flowserve.client import TopologyClient
 from flowserve.client.traffic import wait_ready
 from flowserve.component import Component
+from flowserve.errors import Failure
 from flowserve.runtime.emit import Item
 from flowserve.runtime.hooks import Answered, BatchOutcome, Outcome, StageContext, StageHooks, no_hooks
 from flowserve.runtime.host import InlineHost
@@ -141,6 +142,7 @@ class Gate(StageHooks):
 class Answer:
     def __init__(self, skip: list[bool]) -> None:
         self.skip = skip
+        self.failures: dict[int, Failure] = {}
 
     def complete(self, sizes: Sequence[int], outputs: dict[str, np.ndarray], mask: dict[str, np.ndarray],
                  errors: dict[int, str]) -> Outcome:
