@@ -139,9 +139,19 @@ async def _send(kafka: KafkaSettings, text: str, requests: Sequence[tuple[str, n
             await client.queue({"x": x}, request_id=rid, headers={H_MODEL: model}, timeout_ms=timeout_ms)
         await client.flush()
 
+        retried = 0
+
         async def over_http(i: int) -> Answer:
+            # a 503 is the gateway saying the node's group is rebalancing (the coordinator moved, as on a
+            # loaded machine): a client retries it until its deadline, as HTTP clients retry a 503
+            nonlocal retried
             model, x = requests[i]
+            give_up = loop.time() + timeout_ms / 1000
             response = await http.infer(model, {"x": x}, headers=wait)
+            while response.status == 503 and loop.time() < give_up:
+                retried += 1
+                await asyncio.sleep(0.2)
+                response = await http.infer(model, {"x": x}, headers=wait)
             body = response.json()
             if response.status != 200:
                 return Answer(model, None, error=str(body.get("kind", "unknown")))
@@ -162,6 +172,7 @@ async def _send(kafka: KafkaSettings, text: str, requests: Sequence[tuple[str, n
                 answers[i] = Answer(model, reply.tensors["logits"], served.decode() if served else None)
         seconds = time.perf_counter() - started
         counters = dict(hook.counters())
+        counters["gateway_retries_503"] = retried
         resident = sorted(hook.scheduler.memory.resident)
     return [answers[i] for i in range(len(requests))], counters, resident, seconds
 
@@ -208,5 +219,6 @@ async def real_bench(kafka: KafkaSettings, *, per_model: int = 4, via_gateway: i
             "via_gateway": len(gateway), **counts, "max_abs_diff_equal": result["max_abs_diff_equal"],
             "min_gap_between_variants": gap, "model_loads": counters.get("model_loads"),
             "model_evictions": counters.get("model_evictions"), "models_resident": len(resident),
+            "gateway_retries_503": counters.get("gateway_retries_503", 0),
             "memory_mb": spec.memory_mb, "served_s": served_s, "wall_s": time.perf_counter() - wall,
             "targets": result["targets"]}
