@@ -217,8 +217,10 @@ async def test_the_gateway_routes_by_placement_and_publishes_it(kafka, write_top
             assert await asyncio.to_thread(main, ["stats", str(path), "--broker", kafka.bootstrap]) == 0
             assert "placement of node zoo: 2 worker(s), 4 partitions, 1 model(s) on more than one worker" in \
                 capsys.readouterr().out
-            snaps = await read_snapshots(topology, kafka)
-            rows = {r["model"]: r for r in model_rows(snaps)}  # flowserve ui's models panel
+            async with asyncio.timeout(60):  # until the workers' snapshots (every 0.2 s) count the last answers
+                while (rows := {r["model"]: r for r in model_rows(await read_snapshots(topology, kafka))}) \
+                        .get(HOT, {}).get("answers", 0) < 16:  # flowserve ui's models panel
+                    await asyncio.sleep(0.2)
             assert rows[HOT]["placed"] == list(change.partitions) and rows[HOT]["answers"] == 16
             assert rows["m-00005"]["placed"] == []
         finally:
