@@ -6,8 +6,9 @@ Events are arrivals, the ends of actions and the policies' wake-ups, in time ord
 duration is its mean (the catalogue's load time or batch time) times a gamma draw of mean 1 and coefficient
 of variation ``jitter_cv`` (seeded); the policies plan with the mean times ``margin`` (see
 :func:`jitter_margin`), so a late answer is a draw past that percentile, as a live worker's would be. A
-request's latency runs from its arrival at its worker to the end of its batch: hops, decoding and queueing in
-Kafka are not modelled (they add the same few milliseconds to every contender).
+request's latency runs from its arrival at its worker to the end of its batch (or of its intake, with
+``intake``: the live hook's granularity): hops, decoding and queueing in Kafka are not modelled (they add
+the same few milliseconds to every contender).
 
 >>> from flowserve.models.catalogue import Catalogue
 >>> from flowserve.models.placement import Placement
@@ -22,6 +23,7 @@ True
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -98,6 +100,8 @@ class Outcome:
     batched: list[int]
     copy_busy_s: list[float]
     compute_busy_s: list[float]
+    #: when each request reached its worker's policy (its arrival, or with an intake its intake's start)
+    taken: np.ndarray | None = None
 
     def answered(self) -> np.ndarray:
         return ~np.isnan(self.finish)
@@ -111,40 +115,41 @@ class Outcome:
 
 
 def run(workload: Workload, catalogue: Catalogue, placement: Placement, policies: Sequence[Policy], *,
-        slo_s: float, jitter_cv: float = 0.0, seed: int = 0) -> Outcome:
+        slo_s: float, jitter_cv: float = 0.0, seed: int = 0, intake: int = 0) -> Outcome:
     """Serve ``workload`` on ``len(policies)`` workers placed by ``placement``; every request's deadline is
-    its arrival plus ``slo_s``."""
+    its arrival plus ``slo_s``.
+
+    ``intake`` > 0 models the live hook's granularity (:mod:`flowserve.models.stage`): a worker takes the
+    requests waiting for it (at most ``intake``, its Kafka batch) only once its previous intake is done, every
+    request answered or refused and both lanes idle, and each intake's answers leave together at its end
+    (the hook answers a consumed batch whole). 0: each request reaches its policy when it arrives and leaves
+    when its batch ends."""
     rng = np.random.default_rng(seed + 2)
     shape = 1.0 / jitter_cv**2 if jitter_cv > 0 else 0.0
     arrivals, models = workload.arrivals, workload.models
     n, w = arrivals.size, len(policies)
     names = [spec.name for spec in catalogue]
     finish = np.full(n, np.nan)
+    taken = arrivals.astype(float)
+    done = np.full(n, np.nan)  # when each request's batch ended (with an intake, it leaves at the intake's end)
     refused = np.zeros(n, dtype=bool)
     worker = np.zeros(n, dtype=np.int32)
     loads, evictions, batches, batched = [0] * w, [0] * w, [0] * w, [0] * w
     copy_busy, compute_busy = [0.0] * w, [0.0] * w
     seen = np.zeros(len(catalogue), dtype=np.int64)  # requests per model so far (turns over its workers)
     wake = [np.inf] * w
+    waiting: list[deque[int]] = [deque() for _ in range(w)]  # arrived, not yet taken (intake > 0)
+    members: list[list[int]] = [[] for _ in range(w)]  # the requests of each worker's intake
+    unresolved, running = [0] * w, [0] * w
     events: list[tuple[float, int, int, Action | None]] = []  # (time, order, worker, action; None: wake-up)
     order, i = 0, 0
-    while i < n or events:
-        if events and (i >= n or events[0][0] <= arrivals[i]):
-            t, _, k, action = heapq.heappop(events)
-            if action is not None:
-                policies[k].finished(action, t)
-                if action.kind is ActionKind.BATCH:
-                    finish[list(action.requests)] = t
-        else:
-            t, m = float(arrivals[i]), int(models[i])
-            k = placement.route(names[m], int(seen[m]))
-            seen[m] += 1
-            worker[i] = k
-            policies[k].submit(i, names[m], deadline=t + slo_s, now=t)
-            i += 1
-        step = policies[k].step(t)
-        refused[step.refused] = True
-        for action in step.actions:
+
+    def step(k: int, t: float) -> None:
+        nonlocal order
+        out = policies[k].step(t)
+        refused[out.refused] = True
+        unresolved[k] -= len(out.refused)
+        for action in out.actions:
             spec = catalogue.spec(action.model)
             if action.kind is ActionKind.LOAD:
                 mean = spec.load_s
@@ -158,11 +163,50 @@ def run(workload: Workload, catalogue: Catalogue, placement: Placement, policies
             busy = copy_busy if action.kind is ActionKind.LOAD else compute_busy
             busy[k] += took
             order += 1
+            running[k] += 1
             heapq.heappush(events, (t + took, order, k, action))
-        if step.wake < wake[k] or wake[k] <= t:
-            if step.wake < np.inf:
+        if out.wake < wake[k] or wake[k] <= t:
+            if out.wake < np.inf:
                 order += 1
-                heapq.heappush(events, (step.wake, order, k, None))
-            wake[k] = step.wake
+                heapq.heappush(events, (out.wake, order, k, None))
+            wake[k] = out.wake
+
+    def take(k: int, t: float) -> None:
+        """With an intake: close the worker's finished intake (its answers leave now), open the next."""
+        while unresolved[k] == 0 and running[k] == 0 and (members[k] or waiting[k]):
+            finish[members[k]] = np.where(np.isnan(done[members[k]]), np.nan, t)
+            members[k] = [waiting[k].popleft() for _ in range(min(intake, len(waiting[k])))]
+            taken[members[k]] = t
+            for r in members[k]:
+                policies[k].submit(r, names[int(models[r])], deadline=float(arrivals[r]) + slo_s, now=t)
+            unresolved[k] = len(members[k])
+            if members[k]:
+                step(k, t)
+
+    while i < n or events:
+        if events and (i >= n or events[0][0] <= arrivals[i]):
+            t, _, k, action = heapq.heappop(events)
+            if action is not None:
+                policies[k].finished(action, t)
+                running[k] -= 1
+                if action.kind is ActionKind.BATCH:
+                    done[list(action.requests)] = t
+                    unresolved[k] -= len(action.requests)
+                    if not intake:
+                        finish[list(action.requests)] = t
+        else:
+            t, m = float(arrivals[i]), int(models[i])
+            k = placement.route(names[m], int(seen[m]))
+            seen[m] += 1
+            worker[i] = k
+            if intake:
+                waiting[k].append(i)
+            else:
+                policies[k].submit(i, names[m], deadline=t + slo_s, now=t)
+                unresolved[k] += 1
+            i += 1
+        step(k, t)
+        if intake:
+            take(k, t)
     return Outcome(arrivals, arrivals + slo_s, finish, refused, worker, loads, evictions, batches, batched,
-                   copy_busy, compute_busy)
+                   copy_busy, compute_busy, taken)

@@ -20,9 +20,10 @@ def register(workloads: Any) -> None:
                  "the workers one model per worker would need. Not a live run (docs/models.md).")
     p.add_argument("--models", type=int, nargs="+", default=[1000, 4000], help="catalogue sizes")
     p.add_argument("--zipf", type=float, nargs="+", default=[0.9, 1.2], help="Zipf exponents of popularity")
-    p.add_argument("--workers", type=int, nargs="+", default=[2, 4], help="worker counts")
-    p.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.7, 0.9], help="shares of capacity offered")
-    p.add_argument("--seconds", type=float, default=30.0, help="simulated seconds of arrivals per cell")
+    p.add_argument("--workers", type=int, nargs="+", help="worker counts (default: 2 4; --fidelity: 1 2)")
+    p.add_argument("--loads", type=float, nargs="+",
+                   help="shares of capacity offered (default: 0.5 0.7 0.9; --fidelity: 0.3 0.6 0.9)")
+    p.add_argument("--seconds", type=float, help="seconds of arrivals per cell (default: 30; --fidelity: 20)")
     p.add_argument("--seed", type=int, default=0, help="seed of arrivals, popularity and jitter")
     p.add_argument("--no-highest", dest="highest", action="store_false",
                    help="skip the search for the highest load at which each contender meets 99.9%% (done by default)")
@@ -31,7 +32,11 @@ def register(workloads: Any) -> None:
                    "worker on a broker, every answer checked against its variant run alone (flowserve_bench."
                    "models_real)")
     p.add_argument("--per-model", type=int, default=4, help="--real: requests per variant")
-    common.broker_options(p)  # --real only: the broker it runs on
+    p.add_argument("--fidelity", action="store_true",
+                   help="instead, the simulator checked against LIVE runs: 100 emulated models on 1 and 2 worker "
+                   "processes on a broker and in the simulator, on the same arrivals (flowserve_bench.models_fidelity;"
+                   " --workers, --zipf, --loads, --seconds and --seed apply)")
+    common.broker_options(p)  # --real and --fidelity only: the broker it runs on
 
 
 def _models(args: argparse.Namespace) -> Result:
@@ -42,5 +47,12 @@ def _models(args: argparse.Namespace) -> Result:
 
         return on_broker(args, lambda kafka: real_bench(kafka, per_model=args.per_model, seed=args.seed,
                                                         log=console.print))
-    return models_bench(args.models, args.zipf, args.workers, args.loads, seconds=args.seconds, seed=args.seed,
-                        highest=args.highest, log=console.print)
+    if args.fidelity:
+        from flowserve_bench.models_fidelity import fidelity_bench
+
+        return on_broker(args, lambda kafka: fidelity_bench(
+            kafka, workers=args.workers or [1, 2], zipf_s=args.zipf, loads=args.loads or [0.3, 0.6, 0.9],
+            seconds=args.seconds or 20.0, seed=args.seed, broker=args.broker_kind if args.broker is None else "given",
+            log=console.print))
+    return models_bench(args.models, args.zipf, args.workers or [2, 4], args.loads or [0.5, 0.7, 0.9],
+                        seconds=args.seconds or 30.0, seed=args.seed, highest=args.highest, log=console.print)
