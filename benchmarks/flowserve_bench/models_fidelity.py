@@ -17,12 +17,13 @@ catalogue each, Zipf s 0.9 and 1.2, Poisson arrivals at 30%, 60% and 90% of capa
   scheduler settings as the live hook (:class:`~flowserve.models.scheduler.Scheduler` with the node's
   ``max_batch`` and ``margin``, horizon 0, cold), no jitter (an emulated device sleeps its mean), and the
   hook's granularity (``intake``: a worker takes in what waited for it, up to the node's ``max_batch``, only
-  once its previous intake is answered whole, and those answers leave together; :func:`flowserve.models.run`).
+  once its previous intake is answered whole, and those answers leave together; :func:`flowserve.models.run`)
+  and the worker's turnaround between intakes (:func:`turnaround`, measured once per run on the broker).
   It adds the live overhead outside the device, MEASURED per cell after its arrivals (sequential requests to a
   resident model: round trip minus its batch time, median of 20), half before the worker (its deadline is the
   client's) and half after. ``sim_per_request`` is the simulator as ``flowserve bench models`` runs it (each
   request reaches the scheduler on arrival and leaves when its batch ends), with the same hop;
-  ``sim_no_hop`` is ``sim`` without the hop.
+  ``sim_no_turnaround`` and ``sim_no_hop`` are ``sim`` without either.
 
 Targets per cell: live attainment within 2 points of ``sim``'s, live loads within 15% of ``sim``'s.
 """
@@ -45,10 +46,12 @@ from flowserve.client import TopologyClient
 from flowserve.gateway.health import ReadinessProbe
 from flowserve.kafka.replies import Reply
 from flowserve.kafka.settings import KafkaSettings
-from flowserve.models import Catalogue, ModelRouter, Placement, Scheduler, Workload, poisson_zipf, run
-from flowserve.runtime.host import ProcessHost
+from flowserve.models import Catalogue, ModelRouter, Placement, Scheduler, Workload, model_hooks, poisson_zipf, run
+from flowserve.runtime.hooks import StageHooks, chain
+from flowserve.runtime.host import InlineHost, ProcessHost
 from flowserve.runtime.metrics import read_snapshots
-from flowserve.topology import load_topology
+from flowserve.topology import Topology, load_topology, load_topology_text
+from flowserve.topology.graph import Node
 from flowserve.topology.spec import ModelsSpec
 from flowserve.wire.envelope import H_MODEL, H_SERVED_BY
 from flowserve_bench import graphs
@@ -60,6 +63,8 @@ LOADS_SHARE = 0.15
 CAPACITY_ATTAINMENT = 0.99
 #: sequential requests per cell that measure the overhead outside the device (the first may load)
 HOP_PROBES = 21
+#: requests of each burst that measures the worker's turnaround between intakes, and bursts
+BURST, BURSTS = 400, 3
 X = np.ones((1, 4), np.float32)
 
 
@@ -112,17 +117,19 @@ def placed(workers: int, partitions: int, shares: Mapping[str, float]) -> Placem
 
 
 def simulate(catalogue: Catalogue, spec: ModelsSpec, workload: Workload, workers: int, partitions: int, *,
-             hop_s: float = 0.0, intake: int = 0) -> dict[str, Any]:
+             hop_s: float = 0.0, intake: int = 0, turnaround_s: float = 0.0) -> dict[str, Any]:
     """The cell in the simulator with the live hook's settings; ``hop_s``: the round trip outside the
     device, half before the worker (it sees the client's deadline) and half after its answer; ``intake``:
-    the hook's granularity (:func:`flowserve.models.run`), 0 for none."""
+    the hook's granularity (:func:`flowserve.models.run`), 0 for none; ``turnaround_s``: the worker's time
+    between intakes."""
     slo = spec.slo_ms / 1000
     capacity = int(spec.memory_mb * 1e6) if spec.memory_mb is not None else catalogue.total_bytes
     policies = [Scheduler(catalogue, capacity, max_batch=spec.max_batch, margin=spec.margin, horizon=0.0)
                 for _ in range(workers)]
     shifted = Workload(workload.arrivals + hop_s / 2, workload.models, workload.popularity)
     out = run(shifted, catalogue, placed(workers, partitions, workload.shares(catalogue)), policies,
-              slo_s=slo - hop_s / 2, intake=intake)
+              slo_s=slo - hop_s / 2, intake=intake,
+              turnaround_s=turnaround_s)
     latency = out.finish + hop_s / 2 - workload.arrivals
     assert out.taken is not None
     intakes = len({(int(k), float(t)) for k, t in zip(out.worker, out.taken, strict=True)})
@@ -213,6 +220,56 @@ async def _hop(client: TopologyClient, router: ModelRouter, model: str, slo_ms: 
     return float(np.median(trips)) if trips else float("nan")
 
 
+class _Intakes(StageHooks):
+    """Notes when each step's records arrive (:meth:`admit`) and when the hooks have answered them
+    (:meth:`begin`): the turnaround is the time from one intake's answers to the next intake."""
+
+    def __init__(self) -> None:
+        self.admitted: list[float] = []
+        self.answered: list[float] = []
+
+    def admit(self, records: list[Any]) -> list[Any]:
+        if records:
+            self.admitted.append(time.monotonic())
+        return records
+
+    def begin(self, items: Sequence[Any]) -> None:
+        self.answered.append(time.monotonic())
+
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in zip(self.answered, self.admitted[1:], strict=False)]
+
+
+async def turnaround(kafka: KafkaSettings) -> float:
+    """The worker's time between intakes (it produces an intake's answers, waits for the broker's
+    acknowledgement, commits and fetches again: ``Worker.step``), measured on this broker: the node in this
+    process, bursts of :data:`BURST` requests for one resident model (each step takes in 64 while the rest
+    wait), the median gap from one intake's answers to the next intake. Seconds."""
+    name = f"mfidt{run_id()}{uuid.uuid4().hex[:4]}"
+    topology = load_topology_text(graphs.text(TOPOLOGY, name), source="bench")
+    timing = _Intakes()
+
+    def timed(_t: Topology, node: Node, _c: Any) -> list[StageHooks]:
+        return [timing] if node.models is not None else []
+
+    async with InlineHost(topology, kafka, hooks=chain(model_hooks(kafka), timed)) as _, \
+            TopologyClient(topology, kafka) as client:
+        await client.call({"x": X}, request_id=f"{name}-warm", timeout_ms=60_000, headers={H_MODEL: "m-00000"},
+                          partition=0)
+        gaps: list[float] = []
+        for b in range(BURSTS):
+            timing.admitted.clear()
+            timing.answered.clear()
+            futures = [client.expect(f"{name}-{b}-{i}") for i in range(BURST)]
+            for i in range(BURST):
+                await client.queue({"x": X}, request_id=f"{name}-{b}-{i}", timeout_ms=60_000,
+                                   headers={H_MODEL: "m-00000"}, partition=i % topology.spec.partitions)
+            await client.flush()
+            await asyncio.gather(*futures)
+            gaps += timing.gaps()
+    return float(np.median(gaps)) if gaps else 0.0
+
+
 async def live_cell(kafka: KafkaSettings, workers: int, memory_mb: float, wl: Workload, shares: Mapping[str, float],
                     folder: Path) -> dict[str, Any]:
     """One cell live: fresh topics and cold workers; the requests' outcomes, counters and the hop."""
@@ -276,6 +333,9 @@ async def fidelity_bench(kafka: KafkaSettings, *, workers: Sequence[int] = (1, 2
     intake = base.nodes["zoo"].max_batch  # the worker's Kafka batch: what the hook takes in at once
     slo = spec.slo_ms / 1000
     rows: list[dict[str, Any]] = []
+    turn = await turnaround(kafka)
+    if log:
+        log(f"the worker's turnaround between intakes on this broker: {1000 * turn:.1f} ms (median)")
     with tempfile.TemporaryDirectory(prefix="fs-fidelity-") as tmp:
         for w in workers:
             for s in zipf_s:
@@ -286,7 +346,8 @@ async def fidelity_bench(kafka: KafkaSettings, *, workers: Sequence[int] = (1, 2
                     hop = float(got["hop_s"])
                     live = {**figures(got["latency"], got["ok"], got["refused"], slo, got["loads"], got["evictions"]),
                             "wait_ms": got["wait_ms"]}
-                    sim = simulate(catalogue, spec, wl, w, partitions, hop_s=max(hop, 0.0), intake=intake)
+                    sim = simulate(catalogue, spec, wl, w, partitions, hop_s=max(hop, 0.0), intake=intake,
+                                   turnaround_s=turn)
                     c = compare(live, sim)
                     row: dict[str, Any] = {
                         "workers": w, "s": s, "load": load, "rate": load * cap, "live_within": live["attainment"],
@@ -297,7 +358,10 @@ async def fidelity_bench(kafka: KafkaSettings, *, workers: Sequence[int] = (1, 2
                         "load_average": os.getloadavg()[0],
                         "attainment_ok": c["attainment_ok"], "loads_ok": c["loads_ok"], "live": live, "sim": sim,
                         "sim_per_request": simulate(catalogue, spec, wl, w, partitions, hop_s=max(hop, 0.0)),
-                        "sim_no_hop": simulate(catalogue, spec, wl, w, partitions, intake=intake)}
+                        "sim_no_turnaround": simulate(catalogue, spec, wl, w, partitions, hop_s=max(hop, 0.0),
+                                                      intake=intake),
+                        "sim_no_hop": simulate(catalogue, spec, wl, w, partitions, intake=intake,
+                                               turnaround_s=turn)}
                     rows.append(row)
                     if log:
                         sm, pr = row["sim"], row["sim_per_request"]
@@ -307,7 +371,8 @@ async def fidelity_bench(kafka: KafkaSettings, *, workers: Sequence[int] = (1, 2
                             f"{live['wait_ms']:.1f} ms; sim (intake {intake}, hop {1000 * hop:.1f} ms) "
                             f"{sm['attainment']:.2%}, refused {sm['refused']:.2%}, late {sm['late']:.2%}, loads "
                             f"{sm['loads']}, p50/p99 {sm['p50_ms']:.1f}/{sm['p99_ms']:.1f} ms, wait "
-                            f"{sm['wait_ms']:.1f} ms, mean intake {sm['intake']:.1f}; per request (as bench models) "
+                            f"{sm['wait_ms']:.1f} ms, mean intake {sm['intake']:.1f}; no turnaround "
+                            f"{row['sim_no_turnaround']['attainment']:.2%}; per request (as bench models) "
                             f"{pr['attainment']:.2%}, loads {pr['loads']}; no hop "
                             f"{row['sim_no_hop']['attainment']:.2%}; send lag p99 "
                             f"{row['send_lag_p99_ms']:.1f} ms; load average {row['load_average']:.1f}")
@@ -315,10 +380,10 @@ async def fidelity_bench(kafka: KafkaSettings, *, workers: Sequence[int] = (1, 2
     return {"workload": "models", "part": "fidelity", "broker": broker,
             "note": "live: flowserve worker processes on the broker, emulated models (sleeps); sim: "
                     "flowserve.models.simulate on the same arrivals, placement and scheduler settings, the hook's "
-                    "intake and the measured hop; sim_per_request: as bench models simulates (no intake)",
+                    "intake, the measured turnaround and hop; sim_per_request: as bench models simulates",
             "models": len(catalogue), "memory_mb_per_worker": spec.memory_mb,
             "memory_share_per_worker": (spec.memory_mb or 0) * 1e6 / catalogue.total_bytes,
-            "slo_ms": spec.slo_ms, "seconds": seconds, "intake": intake, "rows": rows,
+            "slo_ms": spec.slo_ms, "seconds": seconds, "intake": intake, "turnaround_ms": 1000 * turn, "rows": rows,
             "wall_s": time.perf_counter() - wall, "targets": fidelity_targets(rows)}
 
 

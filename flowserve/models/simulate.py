@@ -115,15 +115,17 @@ class Outcome:
 
 
 def run(workload: Workload, catalogue: Catalogue, placement: Placement, policies: Sequence[Policy], *,
-        slo_s: float, jitter_cv: float = 0.0, seed: int = 0, intake: int = 0) -> Outcome:
+        slo_s: float, jitter_cv: float = 0.0, seed: int = 0, intake: int = 0,
+        turnaround_s: float = 0.0) -> Outcome:
     """Serve ``workload`` on ``len(policies)`` workers placed by ``placement``; every request's deadline is
     its arrival plus ``slo_s``.
 
     ``intake`` > 0 models the live hook's granularity (:mod:`flowserve.models.stage`): a worker takes the
     requests waiting for it (at most ``intake``, its Kafka batch) only once its previous intake is done, every
     request answered or refused and both lanes idle, and each intake's answers leave together at its end
-    (the hook answers a consumed batch whole). 0: each request reaches its policy when it arrives and leaves
-    when its batch ends."""
+    (the hook answers a consumed batch whole); ``turnaround_s``: how long after an intake's end the worker
+    takes the next (it produces, is acknowledged, commits and fetches). 0: each request reaches its policy
+    when it arrives and leaves when its batch ends."""
     rng = np.random.default_rng(seed + 2)
     shape = 1.0 / jitter_cv**2 if jitter_cv > 0 else 0.0
     arrivals, models = workload.arrivals, workload.models
@@ -141,6 +143,8 @@ def run(workload: Workload, catalogue: Catalogue, placement: Placement, policies
     waiting: list[deque[int]] = [deque() for _ in range(w)]  # arrived, not yet taken (intake > 0)
     members: list[list[int]] = [[] for _ in range(w)]  # the requests of each worker's intake
     unresolved, running = [0] * w, [0] * w
+    free_at = [0.0] * w  # when each worker is done with its last intake's turnaround (intake > 0)
+    called = [-1.0] * w  # the wake-up already set for that time
     events: list[tuple[float, int, int, Action | None]] = []  # (time, order, worker, action; None: wake-up)
     order, i = 0, 0
 
@@ -173,8 +177,18 @@ def run(workload: Workload, catalogue: Catalogue, placement: Placement, policies
 
     def take(k: int, t: float) -> None:
         """With an intake: close the worker's finished intake (its answers leave now), open the next."""
+        nonlocal order
         while unresolved[k] == 0 and running[k] == 0 and (members[k] or waiting[k]):
-            finish[members[k]] = np.where(np.isnan(done[members[k]]), np.nan, t)
+            if members[k]:
+                finish[members[k]] = np.where(np.isnan(done[members[k]]), np.nan, t)
+                free_at[k] = t + turnaround_s
+                members[k] = []
+            if t < free_at[k]:  # still producing, acknowledging and committing the last intake
+                if waiting[k] and called[k] != free_at[k]:
+                    called[k] = free_at[k]
+                    order += 1
+                    heapq.heappush(events, (free_at[k], order, k, None))
+                return
             members[k] = [waiting[k].popleft() for _ in range(min(intake, len(waiting[k])))]
             taken[members[k]] = t
             for r in members[k]:

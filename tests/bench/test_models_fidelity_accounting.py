@@ -73,3 +73,16 @@ def test_the_bench_simulates_its_topology_on_the_same_arrivals() -> None:
     a = simulate(cat, spec, wl, 2, topology.spec.partitions, hop_s=0.01, intake=64)
     b = simulate(cat, spec, wl, 2, topology.spec.partitions, hop_s=0.01, intake=64)
     assert a == b and a["sent"] == wl.arrivals.size and a["lost"] == 0 and a["loads"] > 0
+
+
+def test_a_turnaround_keeps_the_worker_from_its_next_intake() -> None:
+    cat = Catalogue.emulated(10)
+    wl = poisson_zipf(10, rate=300.0, seconds=2.0, s=1.2, seed=3)
+    out = run(wl, cat, Placement(1), [Scheduler(cat, cat.total_bytes, horizon=0.0)], slo_s=SLO, intake=4,
+              turnaround_s=0.02)
+    assert out.taken is not None
+    starts = np.unique(out.taken)
+    closes = [np.nanmax(out.finish[out.taken == t], initial=-np.inf) for t in starts]
+    assert len(starts) > 10
+    for close, start in zip(closes, starts[1:], strict=False):
+        assert start >= close + 0.02 - 1e-9  # never sooner than the turnaround after the last intake's answers
