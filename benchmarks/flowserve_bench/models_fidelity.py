@@ -17,7 +17,7 @@ catalogue each, Zipf s 0.9 and 1.2, Poisson arrivals at 30%, 60% and 90% of capa
   scheduler settings as the live hook (:class:`~flowserve.models.scheduler.Scheduler` with the node's
   ``max_batch`` and ``margin``, horizon 0, cold), no jitter (an emulated device sleeps its mean), and the
   hook's granularity (``intake``: a worker takes in what waited for it, up to the node's ``max_batch``, only
-  once its previous intake is answered whole, and those answers leave together; :func:`flowserve.models.run`)
+  once its previous intake is answered whole, each answer leaving as its batch ends; :func:`flowserve.models.run`)
   and the worker's turnaround between intakes (:func:`turnaround`, measured once per run on the broker).
   It adds the live overhead outside the device, MEASURED per cell after its arrivals (sequential requests to a
   resident model: round trip minus its batch time, median of 20), half before the worker (its deadline is the
@@ -222,7 +222,8 @@ async def _hop(client: TopologyClient, router: ModelRouter, model: str, slo_ms: 
 
 class _Intakes(StageHooks):
     """Notes when each step's records arrive (:meth:`admit`) and when the hooks have answered them
-    (:meth:`begin`): the turnaround is the time from one intake's answers to the next intake."""
+    (:meth:`begin`, once per part of an answer): the turnaround is the time from one intake's last answers
+    to the next intake."""
 
     def __init__(self) -> None:
         self.admitted: list[float] = []
@@ -237,7 +238,12 @@ class _Intakes(StageHooks):
         self.answered.append(time.monotonic())
 
     def gaps(self) -> list[float]:
-        return [b - a for a, b in zip(self.answered, self.admitted[1:], strict=False)]
+        out = []
+        for a, b in zip(self.admitted, self.admitted[1:], strict=False):
+            last = max((t for t in self.answered if a <= t < b), default=None)
+            if last is not None:
+                out.append(b - last)
+        return out
 
 
 async def turnaround(kafka: KafkaSettings) -> float:

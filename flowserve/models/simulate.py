@@ -6,9 +6,9 @@ Events are arrivals, the ends of actions and the policies' wake-ups, in time ord
 duration is its mean (the catalogue's load time or batch time) times a gamma draw of mean 1 and coefficient
 of variation ``jitter_cv`` (seeded); the policies plan with the mean times ``margin`` (see
 :func:`jitter_margin`), so a late answer is a draw past that percentile, as a live worker's would be. A
-request's latency runs from its arrival at its worker to the end of its batch (or of its intake, with
-``intake``: the live hook's granularity): hops, decoding and queueing in Kafka are not modelled (they add
-the same few milliseconds to every contender).
+request's latency runs from its arrival at its worker to the end of its batch (with ``intake``, the live
+hook's granularity, it waits for its worker's previous intake first): hops, decoding and queueing in Kafka
+are not modelled (they add the same few milliseconds to every contender).
 
 >>> from flowserve.models.catalogue import Catalogue
 >>> from flowserve.models.placement import Placement
@@ -122,8 +122,8 @@ def run(workload: Workload, catalogue: Catalogue, placement: Placement, policies
 
     ``intake`` > 0 models the live hook's granularity (:mod:`flowserve.models.stage`): a worker takes the
     requests waiting for it (at most ``intake``, its Kafka batch) only once its previous intake is done, every
-    request answered or refused and both lanes idle, and each intake's answers leave together at its end
-    (the hook answers a consumed batch whole); ``turnaround_s``: how long after an intake's end the worker
+    request answered or refused and both lanes idle; each answer leaves when its batch ends (the hook answers
+    in parts); ``turnaround_s``: how long after an intake's end the worker
     takes the next (it produces, is acknowledged, commits and fetches). 0: each request reaches its policy
     when it arrives and leaves when its batch ends."""
     rng = np.random.default_rng(seed + 2)
@@ -133,7 +133,6 @@ def run(workload: Workload, catalogue: Catalogue, placement: Placement, policies
     names = [spec.name for spec in catalogue]
     finish = np.full(n, np.nan)
     taken = arrivals.astype(float)
-    done = np.full(n, np.nan)  # when each request's batch ended (with an intake, it leaves at the intake's end)
     refused = np.zeros(n, dtype=bool)
     worker = np.zeros(n, dtype=np.int32)
     loads, evictions, batches, batched = [0] * w, [0] * w, [0] * w, [0] * w
@@ -176,11 +175,10 @@ def run(workload: Workload, catalogue: Catalogue, placement: Placement, policies
             wake[k] = out.wake
 
     def take(k: int, t: float) -> None:
-        """With an intake: close the worker's finished intake (its answers leave now), open the next."""
+        """With an intake: close the worker's finished intake (its answers have left), open the next."""
         nonlocal order
         while unresolved[k] == 0 and running[k] == 0 and (members[k] or waiting[k]):
             if members[k]:
-                finish[members[k]] = np.where(np.isnan(done[members[k]]), np.nan, t)
                 free_at[k] = t + turnaround_s
                 members[k] = []
             if t < free_at[k]:  # still producing, acknowledging and committing the last intake
@@ -204,10 +202,8 @@ def run(workload: Workload, catalogue: Catalogue, placement: Placement, policies
                 policies[k].finished(action, t)
                 running[k] -= 1
                 if action.kind is ActionKind.BATCH:
-                    done[list(action.requests)] = t
+                    finish[list(action.requests)] = t
                     unresolved[k] -= len(action.requests)
-                    if not intake:
-                        finish[list(action.requests)] = t
         else:
             t, m = float(arrivals[i]), int(models[i])
             k = placement.route(names[m], int(seen[m]))

@@ -4,26 +4,31 @@ A request names its model in the ``fs-model`` header. Before a batch's ``process
 request of the batch itself (:meth:`~flowserve.runtime.hooks.StageHooks.answer`): each is submitted to the
 node's :class:`~flowserve.models.scheduler.Scheduler` with its deadline (``fs-deadline``, else now plus the
 node's ``slo_ms``), and the scheduler is stepped on the monotonic clock until every one is answered or
-refused. Its loads and batches run on two lanes, a thread each (copy and compute, overlapping as on a
-GPU), through the component's :class:`~flowserve.models.capabilities.ServesModels` methods. The resident
-set, the arrival rates and the counts carry over from batch to batch.
+refused. The answer comes in parts (:class:`~flowserve.runtime.hooks.AnsweredInParts`): each request's
+result as soon as its scheduler batch ends, each refusal at once, so the worker sends an early answer while
+the batch's later loads still run. Its loads and batches run on two lanes, a thread each (copy and
+compute, overlapping as on a GPU), through the component's
+:class:`~flowserve.models.capabilities.ServesModels` methods. The resident set, the arrival rates and the
+counts carry over from batch to batch.
 
 An answer carries ``fs-served-by: <model>`` (the model that computed it). A request the scheduler refuses
 gets an error result of kind ``deadline`` at once (the worker counts it ``refused``); one naming no model,
 or a model the node does not serve, fails with ``invalid_input``, and one whose model fails to load or run
-with ``component_failure`` (the worker dead-letters both, as it does its own). The hook blocks the worker's
-loop while it serves a batch: a batch lasts no longer than its requests' deadlines allow (what cannot make
-it is refused), and the device is the bottleneck a worker waits on anyway.
+with ``component_failure`` (the worker dead-letters both, as it does its own). The worker's step waits until
+the consumed batch is settled (its loop stays free meanwhile: the lanes are awaited, not blocked on): a
+batch lasts no longer than its requests' deadlines allow (what cannot make it is refused).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import aclosing
 from typing import Any
 
 import numpy as np
@@ -36,7 +41,7 @@ from flowserve.models.capabilities import ServesModels
 from flowserve.models.catalogue import Catalogue
 from flowserve.models.scheduler import Action, ActionKind, Scheduler
 from flowserve.runtime.emit import Item
-from flowserve.runtime.hooks import HookFactory, Outcome, StageContext, StageHooks
+from flowserve.runtime.hooks import HookFactory, Outcome, Part, StageContext, StageHooks
 from flowserve.runtime.metrics import PER_MODEL
 from flowserve.topology.graph import Node, Topology
 from flowserve.topology.spec import ModelsSpec
@@ -89,6 +94,38 @@ class ModelsAnswer:
         merged = {p: np.concatenate(v) for p, v in out.items()}
         masks = {p: np.concatenate(f) for p, f in flags.items() if not all(x.all() for x in f)}
         return merged, masks, {}
+
+
+class ModelsInParts:
+    """A batch the hook answers in parts (:class:`~flowserve.runtime.hooks.AnsweredInParts`): each request's
+    result as its scheduler batch ends, or its refusal at once; whole (:meth:`complete`) once served."""
+
+    __slots__ = ("_hook", "_items", "served", "skip")
+
+    def __init__(self, hook: ModelHooks, items: Sequence[Item]) -> None:
+        self._hook, self._items = hook, items
+        self.served: list[Served | None] = [None] * len(items)
+        self.skip = [True] * len(items)
+
+    async def parts(self) -> AsyncGenerator[Part, None]:
+        async with aclosing(self._hook.steps(self._items, self.served)) as steps:
+            async for settled in steps:
+                yield Part(settled, ModelsAnswer([_settled(self.served[i]) for i in settled]))
+
+    @property
+    def failures(self) -> dict[int, Failure]:
+        return {i: s for i, s in enumerate(self.served) if isinstance(s, Failure)}
+
+    def complete(self, sizes: Sequence[int], outputs: dict[str, np.ndarray], mask: dict[str, np.ndarray],
+                 errors: dict[int, str]) -> Outcome:
+        return ModelsAnswer(self._whole()).complete(sizes, outputs, mask, errors)
+
+    def _whole(self) -> list[Served]:
+        return [_settled(s) for s in self.served]
+
+
+def _settled(served: Served | None) -> Served:
+    return served if served is not None else Failure(ErrorKind.UNKNOWN, "unanswered")
 
 
 class ModelHooks(StageHooks):
@@ -179,15 +216,28 @@ class ModelHooks(StageHooks):
 
     # -- serving a batch ---------------------------------------------------------------------------
 
-    def answer(self, items: Sequence[Item], sizes: Sequence[int]) -> ModelsAnswer:
-        return ModelsAnswer(self.serve(items))
+    def answer(self, items: Sequence[Item], sizes: Sequence[int]) -> ModelsInParts:
+        return ModelsInParts(self, items)
 
     def serve(self, items: Sequence[Item]) -> list[Served]:
-        """Each request's outputs, or why it failed, once the scheduler has answered or refused them all."""
-        clock = time.monotonic
-        served: list[Served | None] = [None] * len(items)
-        sched = self.scheduler
-        now, wall = clock(), now_ms()
+        """Each request's outputs, or why it failed, once the scheduler has answered or refused them all
+        (outside a worker's loop: tests, a bench)."""
+        answer = ModelsInParts(self, items)
+
+        async def whole() -> None:
+            async for _ in answer.parts():
+                pass
+
+        asyncio.run(whole())
+        return answer._whole()
+
+    async def steps(self, items: Sequence[Item], served: list[Served | None]) -> AsyncGenerator[list[int], None]:
+        """Serve ``items`` through the scheduler, filling ``served``; yields the indexes settled (answered or
+        refused) as each scheduler batch ends, each index once. Waits on the lanes without holding the
+        worker's loop, so what is yielded is sent while the device works on. Closed early, it still drives
+        the scheduler until every request is settled (the next batch reuses the request ids)."""
+        now, wall = time.monotonic(), now_ms()
+        invalid: list[int] = []
         for i, item in enumerate(items):
             headers = item.ready.headers
             raw = headers.get(H_MODEL)
@@ -196,37 +246,67 @@ class ModelHooks(StageHooks):
                 served[i] = Failure(ErrorKind.INVALID_INPUT, f"node '{self.node.id}' serves many models: name one "
                                     f"of its {len(self.catalogue)} models in the '{H_MODEL}' header"
                                     + (f" (no model '{model}')" if model else ""))
+                invalid.append(i)
                 continue
             deadline_ms = deadline_of(headers.get(H_DEADLINE))
             deadline = (now + (deadline_ms - wall) / 1000 if deadline_ms is not None
                         else now + self.spec.slo_ms / 1000)
-            sched.submit(i, model, deadline=deadline, now=now)
-        running: dict[Future[Any], Action] = {}
-        while any(s is None for s in served) or running:
+            self.scheduler.submit(i, model, deadline=deadline, now=now)
+        running: dict[asyncio.Future[Any], Action] = {}
+        loop = self._drive(items, served, running)
+        whole = False
+        try:
+            if invalid:
+                yield invalid
+            async for settled in loop:
+                yield settled
+            whole = True
+        finally:
+            if not whole:  # closed early: settle the rest, unreported
+                await loop.aclose()
+                async for _ in self._drive(items, served, running):
+                    pass
+                for item in items:  # maybe never written: no ``begin`` will take their models
+                    self._by.pop(id(item.ready), None)
+
+    async def _drive(self, items: Sequence[Item], served: list[Served | None],
+                     running: dict[asyncio.Future[Any], Action]) -> AsyncGenerator[list[int], None]:
+        """:meth:`steps`' scheduler loop, from wherever ``served`` and ``running`` stand."""
+        clock, sched = time.monotonic, self.scheduler
+        left = sum(s is None for s in served)
+        while left or running:
             now = clock()
             step = sched.step(now)
+            ready: list[int] = []
             for rid in step.refused:
                 served[rid] = Failure(ErrorKind.DEADLINE, f"refused by node '{self.node.id}': model "
                                       f"'{_model(items[rid])}' cannot answer before the request's deadline")
+                ready.append(rid)
             for action in step.actions:
                 self._started(action)
-                running[self._lanes[action.kind].submit(self._run, action, items)] = action
+                running[asyncio.wrap_future(self._lanes[action.kind].submit(self._run, action, items))] = action
+            if not running and math.isinf(step.wake) and len(ready) < left:
+                # nothing can start and nothing will: cannot happen; never hang
+                for i, s in enumerate(served):
+                    if s is None:
+                        served[i] = Failure(ErrorKind.DEADLINE, f"node '{self.node.id}' could not schedule it")
+                        ready.append(i)
+            if ready:
+                left -= len(ready)
+                yield ready
+                if not left and not running:
+                    return
+            timeout = None if math.isinf(step.wake) else max(0.0, step.wake - clock())
             if not running:
-                if all(s is not None for s in served):
-                    break
-                if math.isinf(step.wake):  # nothing can start and nothing will: cannot happen; never hang
-                    for i, s in enumerate(served):
-                        if s is None:
-                            served[i] = Failure(ErrorKind.DEADLINE, f"node '{self.node.id}' could not schedule it")
-                    break
-                time.sleep(max(0.0, step.wake - now))
+                await asyncio.sleep(timeout or 0.0)
                 continue
-            timeout = None if math.isinf(step.wake) else max(0.0, step.wake - now)
-            done, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+            done, _ = await asyncio.wait(running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            settled: list[int] = []
             for future in done:
-                action = running.pop(future)
-                self._finish(action, future, items, served, clock())
-        return [s if s is not None else Failure(ErrorKind.UNKNOWN, "unanswered") for s in served]
+                settled += self._finish(running.pop(future), future, items, served, clock())
+            if settled:
+                left -= len(settled)
+                yield settled
 
     def _started(self, action: Action) -> None:
         if action.kind is ActionKind.LOAD:
@@ -249,8 +329,9 @@ class ModelHooks(StageHooks):
         result = self.component.run_model(spec, batch)
         return sizes, read_result(self.component, result, batch.rows, node=self.node.id)  # type: ignore[arg-type]
 
-    def _finish(self, action: Action, future: Future[Any], items: Sequence[Item], served: list[Served | None],
-                now: float) -> None:
+    def _finish(self, action: Action, future: Future[Any] | asyncio.Future[Any], items: Sequence[Item],
+                served: list[Served | None], now: float) -> list[int]:
+        """Settle an action that ended: the requests it answered or failed (their indexes)."""
         sched = self.scheduler
         try:
             out = future.result()
@@ -265,10 +346,10 @@ class ModelHooks(StageHooks):
                 requests += [rid for _, rid in sched.queues.pop(action.model, [])]
             for i in requests:
                 served[i] = why
-            return
+            return requests
         sched.finished(action, now)
         if action.kind is ActionKind.LOAD:
-            return
+            return []
         sizes, (outputs, _mask, errors) = out
         start = 0
         for i, n in zip(action.requests, sizes, strict=True):
@@ -281,6 +362,7 @@ class ModelHooks(StageHooks):
                 self._by[id(items[i].ready)] = action.model
                 self.answers[action.model] += 1
             start = stop
+        return list(action.requests)
 
     def begin(self, items: Sequence[Item]) -> None:
         for item in items:  # each answer names the model that computed it

@@ -11,7 +11,8 @@ Per step the worker calls, in order:
 1. :meth:`StageHooks.admit` on the fetched records, before they are decoded: a hook may drop some (a
    parity-protected node's readers keep a request's first output);
 2. :meth:`StageHooks.answer` before a batch's ``process``: a hook may answer requests itself (the
-   prediction cache), so ``process`` runs on the others only;
+   prediction cache), so ``process`` runs on the others only; an answer may come in parts
+   (:class:`AnsweredInParts`, the many-model scheduler): each part's results leave as it is ready;
 3. :meth:`StageHooks.begin` before a batch's ``process`` (it may rewrite the requests' headers, e.g. a
    traceparent, before they are copied to the outputs);
 4. :meth:`StageHooks.end` after the batch's outputs are queued, with what ``process`` returned;
@@ -31,9 +32,9 @@ with the batch's outputs, before its offsets commit (at-least-once for side reco
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -110,6 +111,31 @@ class Answered(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Part:
+    """Some requests of an answer given in parts, ready now: their indexes in the answered batch (in order)
+    and their answer, an :class:`Answered` over those requests only (each skipped)."""
+
+    requests: Sequence[int]
+    answer: Answered
+
+
+@runtime_checkable
+class AnsweredInParts(Answered, Protocol):
+    """An answer whose requests become ready at different times (the many-model scheduler answers each when
+    its own model's batch ends). :attr:`skip` is known at once; :attr:`failures` and :meth:`complete` hold
+    for the whole batch once :meth:`parts` is exhausted.
+
+    When it answers the whole batch (every request skipped, no hook before it answered any) the worker
+    writes each part's results as it comes and sends them at once (their acknowledgements still gate the
+    batch's commit); otherwise it waits for every part and merges the whole as for any :class:`Answered`."""
+
+    def parts(self) -> AsyncGenerator[Part, None]:
+        """The answered requests in parts as they are ready; every skipped request in exactly one. Closed
+        early (the worker failed meanwhile), it still finishes the work it started, unreported."""
+        ...
+
+
 class StageHooks:
     """Base class of stage hooks: every method is a no-op until a subclass overrides it."""
 
@@ -128,7 +154,8 @@ class StageHooks:
         """The records of these partitions (``TopicPartition``s) will be read again: forget what was read."""
 
     def answer(self, items: Sequence[Item], sizes: Sequence[int]) -> Answered | None:
-        """Before a batch's ``process``: requests this hook answers itself (None: it answers none).
+        """Before a batch's ``process``: requests this hook answers itself (None: it answers none), whole or
+        in parts (:class:`AnsweredInParts`).
 
         Hooks are asked in order, each about the requests the ones before it left; a batch that fails as
         a whole is retried request by request, each asked again."""

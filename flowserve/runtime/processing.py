@@ -2,15 +2,16 @@
 
 Requests are checked against the input ports and grouped by tensor signature; each group is worked off
 batch by batch as the batch policy plans it (refusing what cannot make its deadline). Around each
-``process`` the hooks may answer requests themselves (:meth:`~flowserve.runtime.hooks.StageHooks.answer`)
-and observe the batch (``begin``/``end``); a batch that fails is retried request by request, so only the
-request at fault is dead-lettered.
+``process`` the hooks may answer requests themselves (:meth:`~flowserve.runtime.hooks.StageHooks.answer`;
+an answer in parts is sent part by part, as each is ready) and observe the batch (``begin``/``end``); a
+batch that fails is retried request by request, so only the request at fault is dead-lettered.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import aclosing
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from flowserve.errors import ErrorKind, Failure, WireError
 from flowserve.runtime.batching import BatchPolicy
 from flowserve.runtime.emit import Emitter, Item
 from flowserve.runtime.execute import Executor
-from flowserve.runtime.hooks import Answered, BatchOutcome, StageHooks
+from flowserve.runtime.hooks import Answered, AnsweredInParts, BatchOutcome, StageHooks
 from flowserve.runtime.join import JoinBuffer
 from flowserve.runtime.metrics import NodeMetrics
 from flowserve.runtime.profiles import ExecProfile
@@ -149,6 +150,13 @@ class Processing(Emitter):
             answer = hook.answer(todo, todo_sizes) if todo else None
             if answer is None:
                 continue
+            if isinstance(answer, AnsweredInParts):
+                if not answered and all(answer.skip):  # the whole batch: each part leaves as it is ready
+                    await self._run_parts(group, sizes, answer)
+                    return None
+                async with aclosing(answer.parts()) as parts:  # merged with the others: wait for the whole
+                    async for _ in parts:
+                        pass
             answered.append((answer, todo_sizes))
             for k, failure in answer.failures.items():
                 failed[place[k]] = failure
@@ -156,6 +164,26 @@ class Processing(Emitter):
                 place = [i for i, s in zip(place, answer.skip, strict=True) if not s]
                 todo = [it for it, s in zip(todo, answer.skip, strict=True) if not s]
                 todo_sizes = [n for n, s in zip(todo_sizes, answer.skip, strict=True) if not s]
+        return await self._finish_batch(group, sizes, todo, todo_sizes, answered, failed)
+
+    async def _run_parts(self, group: list[Item], sizes: list[int], answer: AnsweredInParts) -> None:
+        """A hook answers the whole batch in parts: each part is written and sent as it comes (a request
+        answered early does not wait for the batch's last one); the step settles their acknowledgements
+        before the batch's offsets commit, as for :meth:`_work_off`'s early batches."""
+        async with aclosing(answer.parts()) as parts:
+            async for part in parts:
+                items = [group[i] for i in part.requests]
+                part_sizes = [sizes[i] for i in part.requests]
+                await self._finish_batch(items, part_sizes, [], [], [(part.answer, part_sizes)],
+                                         dict(part.answer.failures))
+                if self.outbox.count:
+                    sent, futures = await self.outbox.send()
+                    self.counters.records_out += sent
+                    self._early.extend(futures)
+
+    async def _finish_batch(self, group: list[Item], sizes: list[int], todo: list[Item], todo_sizes: list[int],
+                            answered: list[tuple[Answered, list[int]]], failed: dict[int, Failure]) -> float | None:
+        """``process`` on what the hooks left (``todo``), then the whole batch's results merged and emitted."""
         tokens = [hook.begin(group) for hook in self.hooks] if self.hooks else None
         outputs: dict[str, np.ndarray] = {}
         mask: dict[str, np.ndarray] = {}

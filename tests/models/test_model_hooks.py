@@ -16,7 +16,7 @@ from flowserve.errors import ComponentError, ErrorKind, Failure
 from flowserve.kafka.control import model_command
 from flowserve.models import ModelHooks, ModelSpec, model_hooks
 from flowserve.runtime.emit import Item
-from flowserve.runtime.hooks import StageContext
+from flowserve.runtime.hooks import AnsweredInParts, StageContext
 from flowserve.runtime.join import Ready
 from flowserve.runtime.worker import StageWorker
 from flowserve.topology import load_topology
@@ -68,11 +68,13 @@ def _items(models: Sequence[str | None], timeout_ms: float = 60_000) -> list[Ite
     return out
 
 
-def test_each_request_is_answered_by_its_model_and_the_rest_refused_or_failed(write_topology) -> None:
+async def test_each_request_is_answered_by_its_model_and_the_rest_refused_or_failed(write_topology) -> None:
     hook, sent = _hook(write_topology)
     items = _items(["a", "b", "a", "c", "slow", None, "zzz"])
     answer = hook.answer(items, [1] * len(items))
-    assert answer.skip == [True] * len(items)
+    assert isinstance(answer, AnsweredInParts) and answer.skip == [True] * len(items)
+    parts = [part.requests async for part in answer.parts()]
+    assert sorted(i for part in parts for i in part) == list(range(len(items)))  # each settled once
     hook.begin(items)
     outputs, mask, errors = answer.complete([1] * len(items), {}, {}, {})
     for i, model in enumerate(["a", "b", "a", "c"]):
@@ -87,6 +89,43 @@ def test_each_request_is_answered_by_its_model_and_the_rest_refused_or_failed(wr
     assert counters["model_answers"] == 4 and counters["model_refusals"] == 1 and counters["model_loads"] == 3
     assert counters["model/a/answers"] == 2 and counters["model/slow/refusals"] == 1
     hook.close()
+
+
+async def test_an_answer_leaves_when_its_own_batch_ends_not_with_the_last_load(write_topology) -> None:
+    """'a' is resident, 'b' must load first: 'a''s answer is a part of its own, before 'b''s load ends."""
+    hook, _ = _hook(write_topology)
+    assert hook.load("a")
+    items = _items(["b", "a"])
+    answer = hook.answer(items, [1, 1])
+    parts = []
+    async for part in answer.parts():
+        parts.append(list(part.requests))
+        outputs, _, _ = part.answer.complete([1] * len(part.requests), {}, {}, {})
+        assert outputs["y"][:, 0].tolist() == [i + offset(_model_of(items[i])) for i in part.requests]
+    assert parts == [[1], [0]]
+    assert not answer.failures
+    hook.close()
+
+
+async def test_closed_early_the_answer_still_settles_its_requests(write_topology) -> None:
+    """The worker gave up on a batch (a failed produce): the scheduler is left with nothing of it, so the
+    next batch (the same request ids) is served whole."""
+    hook, _ = _hook(write_topology)
+    assert hook.load("a")
+    answer = hook.answer(_items(["b", "a", "c"]), [1] * 3)
+    parts = answer.parts()
+    assert (await anext(parts)).requests == [1]
+    await parts.aclose()
+    assert all(s is not None for s in answer.served) and not hook.scheduler.loading
+    assert not any(hook.scheduler.queues.values())
+    again = hook.answer(_items(["c", "b", "a"]), [1] * 3)
+    assert sorted(i for part in [p.requests async for p in again.parts()] for i in part) == [0, 1, 2]
+    assert all(isinstance(s, dict) for s in again.served)
+    hook.close()
+
+
+def _model_of(item: Item) -> str:
+    return item.ready.headers[H_MODEL].decode()
 
 
 def test_a_failed_load_fails_its_requests_and_leaves_nothing_resident(write_topology) -> None:

@@ -13,7 +13,7 @@ import pytest
 from flowserve.client import TopologyClient
 from flowserve.errors import ErrorKind
 from flowserve.models import ModelHooks, model_hooks
-from flowserve.runtime.host import InlineHost
+from flowserve.runtime.host import InlineHost, create_topology_topics
 from flowserve.topology import Topology, load_topology
 from flowserve.wire.envelope import H_MODEL, H_SERVED_BY
 from flowserve_components.many_models import EmulatedModels, offset
@@ -114,3 +114,44 @@ async def test_every_answer_comes_from_the_model_it_named(kafka, write_topology)
     assert "huge" not in {m for kind, m in component.log if kind == "load"}  # never started: it cannot make it
     batches = [m for kind, m in component.log if kind == "batch"]
     assert sorted(set(batches)) == names
+
+
+# one partition; 'fast' loads at once, 'heavy' holds the copy lane 1.5 s (its deadline is later: EDF loads 'fast'
+# first)
+TWO = """
+name: NAME
+partitions: 1
+nodes:
+  zoo:
+    component: flowserve_components.many_models:EmulatedModels
+    inputs: {x: input.x}
+    batching: {policy: lag}
+    models:
+      names: [{name: fast, load_ms: 1}, {name: heavy, load_ms: 1500}]
+      kind: alexnet
+      memory_mb: 1000
+outputs: {y: zoo.y}
+"""
+
+
+async def test_an_early_answer_leaves_before_the_consumed_batch_is_done(kafka, write_topology) -> None:
+    """Both requests reach the worker in one fetch, 'heavy' first: 'fast''s answer is written as soon as its
+    own batch ends, so it precedes 'heavy''s on the outputs topic (the whole batch answered at once would
+    write them in the batch's order)."""
+    topology = load_topology(write_topology(TWO))
+    await create_topology_topics(topology, kafka)
+    order: list[str] = []
+    async with TopologyClient(topology, kafka) as client:
+        futures = {}
+        for rid, model, timeout in (("heavy", "heavy", 60_000), ("fast", "fast", 30_000)):
+            futures[rid] = client.expect(rid)
+            futures[rid].add_done_callback(lambda _, rid=rid: order.append(rid))
+            await client.queue({"x": np.ones((1, 4), np.float32)}, request_id=rid, headers={H_MODEL: model},
+                               timeout_ms=timeout)
+        await client.flush()  # both written before the worker starts: one fetch, one consumed batch
+        async with InlineHost(topology, kafka, hooks=model_hooks()) as host:
+            replies = dict(zip(futures, await asyncio.wait_for(asyncio.gather(*futures.values()), 60), strict=True))
+            worker = host.workers[0].counters
+    assert order == ["fast", "heavy"]
+    assert {rid: r.headers[H_SERVED_BY] for rid, r in replies.items()} == {"fast": b"fast", "heavy": b"heavy"}
+    assert worker.requests_ok == 2 and worker.records_in == 2

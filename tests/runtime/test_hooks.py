@@ -16,7 +16,16 @@ from flowserve.client.traffic import wait_ready
 from flowserve.component import Component
 from flowserve.errors import Failure
 from flowserve.runtime.emit import Item
-from flowserve.runtime.hooks import Answered, BatchOutcome, Outcome, StageContext, StageHooks, no_hooks
+from flowserve.runtime.hooks import (
+    Answered,
+    AnsweredInParts,
+    BatchOutcome,
+    Outcome,
+    Part,
+    StageContext,
+    StageHooks,
+    no_hooks,
+)
 from flowserve.runtime.host import InlineHost
 from flowserve.topology import load_topology
 from flowserve.topology.graph import Node, Topology
@@ -140,15 +149,17 @@ class Gate(StageHooks):
 
 
 class Answer:
-    def __init__(self, skip: list[bool]) -> None:
+    def __init__(self, skip: list[bool], fill: float = -1) -> None:
         self.skip = skip
+        self.fill = fill
         self.failures: dict[int, Failure] = {}
 
     def complete(self, sizes: Sequence[int], outputs: dict[str, np.ndarray], mask: dict[str, np.ndarray],
                  errors: dict[int, str]) -> Outcome:
         done = iter(np.split(outputs["x"], np.cumsum([n for n, s in zip(sizes, self.skip, strict=True)
                                                       if not s])[:-1])) if "x" in outputs else iter(())
-        rows = [np.full((n, 4), -1, np.float32) if s else next(done) for n, s in zip(sizes, self.skip, strict=True)]
+        rows = [np.full((n, 4), self.fill, np.float32) if s else next(done)
+                for n, s in zip(sizes, self.skip, strict=True)]
         return {"x": np.concatenate(rows)}, mask, errors
 
 
@@ -210,3 +221,55 @@ async def test_hooks_drop_records_answer_requests_and_bound_the_commit(kafka, wr
         assert (await client.call({"x": np.zeros((1, 4), np.float32)}, timeout_ms=30_000)).error is None
         ends = await _ends(kafka, topic, topology.spec.partitions)
         await _until_committed(kafka, group, topic, {tp.partition: end for tp, end in ends.items()})
+
+
+class Parts(StageHooks):
+    """Answers ``p-`` requests itself (rows of -2) in parts of one, last request first."""
+
+    def __init__(self) -> None:
+        self.parts = 0
+
+    def answer(self, items: Sequence[Item], sizes: Sequence[int]) -> Answered:
+        return InParts(self, [it.ready.request_id.startswith("p-") for it in items])
+
+
+class InParts(Answer):
+    def __init__(self, hook: Parts, skip: list[bool]) -> None:
+        super().__init__(skip, fill=-2)
+        self.hook = hook
+
+    async def parts(self):  # noqa: ANN201 - an AsyncGenerator[Part, None]
+        for i in reversed([i for i, s in enumerate(self.skip) if s]):
+            await asyncio.sleep(0)  # each part ready later, as a device's batch would be
+            self.hook.parts += 1
+            yield Part([i], Answer([True], fill=-2))
+
+
+@pytest.mark.integration
+async def test_an_answer_in_parts_is_sent_part_by_part_or_merged_with_the_others(kafka, write_topology) -> None:
+    """Alone, a hook's answer in parts is written part by part; after another hook's answer it is merged
+    whole with it and with what ``process`` returned."""
+    topology = load_topology(write_topology(TOPOLOGY))
+    hooks: list[StageHooks] = []
+
+    def factory(t: Topology, node: Node, component: Component) -> list[StageHooks]:
+        hooks.append(Parts())
+        return [Gate(), hooks[-1]] if len(hooks) == 1 else [hooks[-1]]
+
+    merged = topology
+    alone = load_topology(write_topology(TOPOLOGY.replace("name: NAME", f"name: {topology.name}b")))
+    for topo in (merged, alone):
+        async with InlineHost(topo, kafka, hooks=factory) as host, TopologyClient(topo, kafka) as client:
+            rids = ("ans-1", "p-1", "n-1", "p-2") if topo is merged else ("p-1", "p-2", "p-3")
+            futures = {rid: client.expect(rid) for rid in rids}
+            for i, rid in enumerate(rids):
+                await client.queue({"x": np.full((1, 4), i, np.float32)}, request_id=rid)
+            await client.flush()
+            replies = dict(zip(futures, await asyncio.wait_for(asyncio.gather(*futures.values()), 60),
+                               strict=True))
+            worker = host.workers[0]
+        want = {"ans-1": -1, "p-1": -2, "n-1": 3, "p-2": -2} if topo is merged else dict.fromkeys(rids, -2)
+        assert {rid: r.tensors["y"][0, 0] for rid, r in replies.items()} == want
+        assert worker.counters.requests_ok == len(rids)
+    assert [h.parts for h in hooks] == [2, 3]
+    assert isinstance(InParts(Parts(), []), AnsweredInParts)
