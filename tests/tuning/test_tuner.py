@@ -254,3 +254,19 @@ def test_parallel_branches_share_the_slo_instead_of_adding_to_it() -> None:
     targets = {t.id: t for t in targets_from_plan(options, plan, profile=False)}
     slack = 0.1 - 0.002 * 4 - 0.06  # three stages on the longest path, four hops
     assert targets["a"].slo_share_s == pytest.approx(0.04 + slack / 2 / 3 + slack / 2 * 0.04 / 0.06)
+
+
+def test_one_consumer_is_safe_at_the_rate_the_plan_carried_whatever_its_share() -> None:
+    # a slow stage on the longest path leaves a fast one (7 ms a batch, whatever its size) a share too small
+    # to wait for a batch in progress; the plan's trace showed one consumer of it carrying 1,000/s within it
+    options = [StageOptions("slow", {"k": {64: 0.226}}, [(None, "x")]),
+               StageOptions("fast", {"k": {1: 0.007, 64: 0.008}}, [("slow", "x")], output=True)]
+    stages = {"slow": StageConfig("k", 64, 3), "fast": StageConfig("k", 64, 1)}
+    envelope = [(0.5, 600), (1.0, 1000), (2.0, 1800)]  # the busiest window of >= 1 s: 1,000/s
+    plan = Plan("t", 250.0, 8, 5.0, stages, envelope=envelope)
+    alone = {t.id: t.safe_rate for t in targets_from_plan(options, Plan("t", 250.0, 8, 5.0, stages))}
+    carried = {t.id: t.safe_rate for t in targets_from_plan(options, plan)}
+    assert alone["fast"] < 1000.0
+    assert carried["fast"] == pytest.approx(1000.0)
+    # the slow stage's 3 consumers on 8 partitions: the busiest of them held 3 partitions, 3/8 of 1,000/s
+    assert carried["slow"] == pytest.approx(max(alone["slow"], 1000.0 * 3 / 8))
