@@ -16,9 +16,6 @@ from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology import load_topology
 from flowserve.tuning.profile import profile_topology
 
-#: a worker whose latest snapshot is older than this (workers publish every 2 s) no longer counts as live
-LIVE_AGE_S = 10.0
-
 
 def register(sub: Any) -> None:
     p = sub.add_parser("profile", help="measure each node's execution time per batch size (saved beside the topology)")
@@ -54,8 +51,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from flowserve.runtime.metrics import per_model, read_snapshots, snapshot_rows  # the snapshot reader
-
+    from flowserve.runtime.metrics import (  # the snapshot reader
+        LIVE_AGE_S,
+        PLACEMENT_ROLE,
+        model_rows,
+        read_snapshots,
+        snapshot_rows,
+    )
 
     topology = load_topology(args.topology)
     snaps = asyncio.run(read_snapshots(topology, KafkaSettings.from_env(args.broker)))
@@ -65,8 +67,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     # gateways publish their refusal counters here too (flowserve.gateway.app): a table of their own
     gateways = [s for s in snaps if s.get("role") == "gateway"]
     # placement agents (flowserve.models.agent) publish where the models of many-model nodes are placed
-    placements = [s["placement"] for s in snaps if s.get("role") == "placement" and "placement" in s]
-    snaps = [s for s in snaps if s.get("role") not in ("gateway", "placement")]
+    placements = [s for s in snaps if s.get("role") == PLACEMENT_ROLE and "placement" in s]
+    snaps = [s for s in snaps if s.get("role") not in ("gateway", PLACEMENT_ROLE)]
     if gateways:
         _gateway_table(topology.name, gateways)
     if not snaps:
@@ -109,7 +111,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if row["age_s"] <= LIVE_AGE_S:
             live[str(row["node"])] += 1
     out.print("consumers per stage: " + ", ".join(f"{n} {c}" for n, c in live.items()))
-    _models_table(per_model(snaps), placements)
+    _models_table(model_rows(snaps + placements), [p["placement"] for p in placements])
     if energy:
         busy, idle = sum(r.get("energy_j", 0) for r in rows), sum(r.get("idle_j", 0) for r in rows)
         grams = sum(r.get("co2e_g", 0) for r in rows)
@@ -129,26 +131,24 @@ def _energy_columns(rows: list[dict[str, Any]], snaps: list[dict[str, Any]]) -> 
     return [("energy J", "energy_j"), ("idle J", "idle_j"), ("CO2e g", "co2e_g")]
 
 
-def _models_table(counts: dict[str, dict[str, int]], placements: list[dict[str, Any]], top: int = 20) -> None:
-    """The busiest models of many-model nodes (flowserve.models), summed over workers; all: flowserve models list.
-    ``placed`` (with a placement agent): the partitions its requests go to, one per worker, where it has more
-    than its home; each placement agent's line says over how many workers and partitions it places."""
-    placed: dict[str, list[int]] = {}
+def _models_table(rows: list[dict[str, Any]], placements: list[dict[str, Any]], top: int = 20) -> None:
+    """The busiest models of many-model nodes (flowserve.models, ``model_rows``), summed over workers; all:
+    flowserve models list. ``placed`` (with a placement agent): the partitions its requests go to, one per
+    worker, where it has more than its home; each placement agent's line says over how many workers and
+    partitions it places."""
     for p in placements:
         out.print(f"placement of node {p.get('node')}: {p.get('workers')} worker(s), {p.get('partitions')} "
                   f"partitions, {len(p.get('models', {}))} model(s) on more than one worker")
-        for name, where in p.get("models", {}).items():
-            placed[name] = where.get("partitions", [])
-    if not counts:
+    if not rows:
         return
-    busiest = sorted(counts.items(), key=lambda kv: (-kv[1]["answers"] - kv[1]["refusals"], kv[0]))[:top]
-    table = Table(title=f"models: the {len(busiest)} busiest of {len(counts)} with any activity")
+    busiest = rows[:top]
+    table = Table(title=f"models: the {len(busiest)} busiest of {len(rows)} with any activity")
     cols = ("resident", "loads", "evictions", "refusals", "answers")
     table.add_column("model")
     for col in (*cols, "placed"):
         table.add_column(col, justify="right")
-    for name, c in busiest:
-        table.add_row(name, *(str(c[col]) for col in cols), ",".join(map(str, placed.get(name, []))) or "home")
+    for row in busiest:
+        table.add_row(row["model"], *(str(row[col]) for col in cols), ",".join(map(str, row["placed"])) or "home")
     out.print(table)
 
 

@@ -28,22 +28,16 @@ from flowserve.kafka.admin import ensure_topics
 from flowserve.kafka.clients import make_producer
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.models.routing import ModelRouter, PlacementChange
-from flowserve.runtime.metrics import read_snapshots
+from flowserve.runtime.metrics import LIVE_AGE_S, PLACEMENT_ROLE, read_snapshots
 from flowserve.topology.graph import Topology
 from flowserve.wire.envelope import now_ms
 
 log = logging.getLogger("flowserve.models")
 
-#: a worker whose latest snapshot is older than this (workers publish every 2 s) no longer counts
-LIVE_AGE_S = 10.0
-
-#: the role of the agent's snapshots on the metrics topic (readers of the workers' go by node, and pass it by)
-ROLE = "placement"
-
 
 def live_workers(snaps: Sequence[dict[str, Any]], node: str, now: int) -> int:
     """Workers of ``node`` whose latest snapshot is at most :data:`LIVE_AGE_S` old."""
-    return sum(1 for s in snaps if s.get("node") == node and s.get("role") != ROLE
+    return sum(1 for s in snaps if s.get("node") == node and s.get("role") != PLACEMENT_ROLE
                and now - int(s.get("ts_ms", 0)) <= LIVE_AGE_S * 1000)
 
 
@@ -95,15 +89,17 @@ class PlacementAgent:
             log.info("placement of %s/%s: model %s on workers %s (partitions %s): %s", self.topology.name,
                      self.node, change.model, change.workers, change.partitions, change.reason)
             self.changes.append(change)
-            body = {"ts_ms": now_ms(), "source": ROLE, "node": self.node, "action": change.as_action()}
+            body = {"ts_ms": now_ms(), "source": PLACEMENT_ROLE, "node": self.node,
+                    "action": change.as_action()}
             await self._send(self.topology.actions_topic, change.model, body)
-        await self._send(self.topology.metrics_topic, f"{ROLE}/{self.node}/{self.instance}", self.snapshot())
+        await self._send(self.topology.metrics_topic, f"{PLACEMENT_ROLE}/{self.node}/{self.instance}",
+                         self.snapshot())
         return changes
 
     def snapshot(self) -> dict[str, object]:
         """The placement as a metrics-topic snapshot (module doc)."""
-        return {"topology": self.topology.name, "role": ROLE, "node": "", "worker": f"{ROLE}/{self.node}/"
-                f"{self.instance}", "ts_ms": now_ms(), "placement": {
+        return {"topology": self.topology.name, "role": PLACEMENT_ROLE, "node": "",
+                "worker": f"{PLACEMENT_ROLE}/{self.node}/{self.instance}", "ts_ms": now_ms(), "placement": {
                     "node": self.node, "workers": self.router.workers, "partitions": self.router.partitions,
                     "models": self.router.placed()}}
 

@@ -210,6 +210,23 @@ async def read_snapshots(topology: Topology, kafka: KafkaSettings, *, per_partit
     return sorted(latest.values(), key=lambda s: (str(s.get("node")), str(s.get("worker"))))
 
 
+#: a worker whose latest snapshot is older than this (workers publish every 2 s) no longer counts as live
+LIVE_AGE_S = 10.0
+
+#: the role of a placement agent's snapshots (flowserve.models.agent: where many-model nodes' models go)
+PLACEMENT_ROLE = "placement"
+
+
+def model_rows(snaps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every model of many-model nodes with any activity, busiest first (answers and refusals): the workers'
+    :func:`per_model` counts, and ``placed``: the partitions a placement agent sends its requests to, where
+    it has more than its home (``flowserve stats`` and ``flowserve ui`` both show these)."""
+    placed = {name: where.get("partitions", []) for s in snaps if s.get("role") == PLACEMENT_ROLE
+              for name, where in s.get("placement", {}).get("models", {}).items()}
+    busiest = sorted(per_model(snaps).items(), key=lambda kv: (-kv[1]["answers"] - kv[1]["refusals"], kv[0]))
+    return [{"model": name, **c, "placed": placed.get(name, [])} for name, c in busiest]
+
+
 def per_model(snaps: list[dict[str, Any]], node: str | None = None) -> dict[str, dict[str, int]]:
     """Model -> its :data:`PER_MODEL` counts summed over the workers' snapshots (of ``node`` only, if given);
     ``resident`` and ``loading`` count the workers that hold, or are loading, the model."""

@@ -35,7 +35,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from flowserve.errors import ErrorKind, FlowserveError
-from flowserve.runtime.metrics import per_model
+from flowserve.runtime.metrics import model_rows
 from flowserve.topology.graph import Topology
 from flowserve.ui.graph import graph_view
 from flowserve.ui.live import HISTORY, LiveState
@@ -48,6 +48,8 @@ Lineage = Callable[[Topology, str], Awaitable[dict[str, Any]]]
 Actions = Callable[[Topology], Awaitable[list[dict[str, Any]]]]
 
 STATIC = ("index.html", "app.js", "style.css")
+#: the models panel's rows: the busiest models of many-model nodes
+MODELS_SHOWN = 20
 _TYPES = {"html": "text/html", "js": "text/javascript", "css": "text/css"}
 
 
@@ -84,7 +86,7 @@ class TopologyView:
         self.drift: dict[str, dict[str, Any]] = {}
         self.drift_history: dict[str, deque[dict[str, Any]]] = {}
         self.actions: list[dict[str, Any]] = []
-        #: the busiest models of many-model nodes, with where they are placed (:func:`model_rows`)
+        #: the busiest models of many-model nodes, with where they are placed (``model_rows``)
         self.models: list[dict[str, Any]] = []
         self.error: str | None = None
 
@@ -92,7 +94,7 @@ class TopologyView:
         try:
             snaps = await self.sources.snapshots(self.topology)
             self.live.update(snaps)
-            self.models = model_rows(snaps)
+            self.models = model_rows(snaps)[:MODELS_SHOWN]
             if self.sources.drift is not None:
                 self._fold_drift(await self.sources.drift(self.topology))
             if self.sources.actions is not None:
@@ -126,17 +128,6 @@ class TopologyView:
     def history(self, last: int | None) -> dict[str, Any]:
         drift = {k: list(h)[-last:] if last else list(h) for k, h in self.drift_history.items()}
         return {"nodes": self.live.series(last), "drift": drift}
-
-
-def model_rows(snaps: list[dict[str, Any]], top: int = 20) -> list[dict[str, Any]]:
-    """The ``top`` busiest models of many-model nodes: the workers' counts summed (resident: on how many
-    workers), and ``placed``: the partitions a placement agent sends its requests to, where it has more
-    than its home (flowserve.models.agent)."""
-    placed = {name: where.get("partitions", []) for s in snaps if s.get("role") == "placement"
-              for name, where in s.get("placement", {}).get("models", {}).items()}
-    counts = per_model(snaps)
-    busiest = sorted(counts.items(), key=lambda kv: (-kv[1]["answers"] - kv[1]["refusals"], kv[0]))[:top]
-    return [{"model": name, **c, "placed": placed.get(name, [])} for name, c in busiest]
 
 
 def _status(kind: ErrorKind) -> int:

@@ -11,7 +11,8 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 import flowserve.models.routing
 from flowserve.models import ModelRouter, Placement, partition_of
-from flowserve.models.agent import ROLE, live_workers
+from flowserve.models.agent import live_workers
+from flowserve.runtime.metrics import PLACEMENT_ROLE
 
 
 def test_module_examples_run() -> None:
@@ -94,5 +95,5 @@ def test_a_change_in_the_workers_places_again_over_them() -> None:
 def test_live_workers_are_the_nodes_recent_snapshots() -> None:
     now = 100_000
     snaps = [{"node": "zoo", "worker": "a", "ts_ms": now - 1000}, {"node": "zoo", "worker": "b", "ts_ms": now - 60_000},
-             {"node": "other", "worker": "c", "ts_ms": now}, {"node": "zoo", "role": ROLE, "ts_ms": now}]
+             {"node": "other", "worker": "c", "ts_ms": now}, {"node": "zoo", "role": PLACEMENT_ROLE, "ts_ms": now}]
     assert live_workers(snaps, "zoo", now) == 1

@@ -30,9 +30,8 @@ from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve.models import ModelRouter, model_hooks, partition_of
 from flowserve.models.agent import PlacementAgent, live_workers
 from flowserve.runtime.host import InlineHost, ProcessHost
-from flowserve.runtime.metrics import read_snapshots
+from flowserve.runtime.metrics import model_rows, read_snapshots
 from flowserve.topology import Topology, load_topology
-from flowserve.ui.server import model_rows
 from flowserve.wire.envelope import H_MODEL, H_SERVED_BY, now_ms
 from flowserve_components.many_models import offset
 
