@@ -123,10 +123,8 @@ class Processing(Emitter):
             pos += take
             started = time.perf_counter()
             seconds = await self._run_batch(batch)
-            if pos < len(queue) and self.outbox.count:  # results of this batch leave now, not after the queue
-                sent, futures = await self.outbox.send()
-                self.counters.records_out += sent
-                self._early.extend(futures)
+            if pos < len(queue):  # results of this batch leave now, not after the queue
+                await self._send_early()
             if seconds is not None:  # what a batch costs here besides process: assembling, encoding, producing
                 self.policy.observe_overhead(time.perf_counter() - started - seconds)
 
@@ -176,10 +174,15 @@ class Processing(Emitter):
                 part_sizes = [sizes[i] for i in part.requests]
                 await self._finish_batch(items, part_sizes, [], [], [(part.answer, part_sizes)],
                                          dict(part.answer.failures))
-                if self.outbox.count:
-                    sent, futures = await self.outbox.send()
-                    self.counters.records_out += sent
-                    self._early.extend(futures)
+                await self._send_early()
+
+    async def _send_early(self) -> None:
+        """Send what the outbox holds now, before the step ends; the step settles these acknowledgements
+        before the batch's offsets commit (:meth:`~flowserve.runtime.delivery.Delivery._deliver`)."""
+        if self.outbox.count:
+            sent, futures = await self.outbox.send()
+            self.counters.records_out += sent
+            self._early.extend(futures)
 
     async def _finish_batch(self, group: list[Item], sizes: list[int], todo: list[Item], todo_sizes: list[int],
                             answered: list[tuple[Answered, list[int]]], failed: dict[int, Failure]) -> float | None:
