@@ -24,6 +24,7 @@ import tempfile
 import uuid
 from typing import Any
 
+from flowserve.kafka import control
 from flowserve.kafka.clients import unreachable, why_unreachable
 from flowserve.kafka.control import MODEL_COMMAND
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
@@ -151,17 +152,7 @@ def run_worker(topology: Topology, node_id: str, kafka: KafkaSettings, settings:
 
 async def send_command(topology: Topology, kafka: KafkaSettings, command: str, *, node: str | None = None) -> None:
     """Publish a control command; every faust-hosted worker of the topology receives it."""
-    from aiokafka import AIOKafkaProducer
-
-    from flowserve.kafka.admin import ensure_topics
-
     if command not in COMMANDS:
         raise ValueError(f"unknown command {command!r}; use one of {', '.join(COMMANDS)}")
-    await ensure_topics(kafka, [topology.control_topic], 1)
-    producer = AIOKafkaProducer(**kafka.client_kwargs())
-    await producer.start()
-    try:
-        body = {"command": command, "ts": now_ms(), **({"node": node} if node else {})}
-        await producer.send_and_wait(topology.control_topic, json.dumps(body).encode())
-    finally:
-        await producer.stop()
+    body = {"command": command, "ts": now_ms(), **({"node": node} if node else {})}
+    await control.send_command(topology, kafka, body)  # one partition: every worker sees it
