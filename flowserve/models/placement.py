@@ -16,8 +16,9 @@ yet. Requests for a replicated model are spread over its workers in turn.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from flowserve.errors import ErrorKind, FlowserveError
 
@@ -61,17 +62,20 @@ class Placement:
         not named are taken as 0: one worker). Placing again with new shares rebalances: a model that grew
         hot gains workers, one that cooled keeps only its home."""
         for name, share in shares.items():
-            start = partition_of(name, self.partitions)
-            chosen: list[int] = []
-            want = self.replicas(share)
-            for k in range(self.partitions):
-                worker = self.owner((start + k) % self.partitions)
-                if worker not in chosen:
-                    chosen.append(worker)
-                    if len(chosen) == want:
-                        break
-            self.holders[name] = tuple(chosen)
+            self.holders[name] = tuple(w for w, _ in itertools.islice(self.ring(name), self.replicas(share)))
         return self.holders
+
+    def ring(self, name: str) -> Iterator[tuple[int, int]]:
+        """Along the ring of partitions from ``name``'s home, each worker with its first partition there,
+        ``(worker, partition)``, its home's first: the order replicas are placed in."""
+        start = partition_of(name, self.partitions)
+        seen: set[int] = set()
+        for k in range(self.partitions):
+            partition = (start + k) % self.partitions
+            worker = self.owner(partition)
+            if worker not in seen:
+                seen.add(worker)
+                yield worker, partition
 
     def workers_of(self, name: str) -> tuple[int, ...]:
         """The workers holding ``name`` (its home alone for a model never placed)."""

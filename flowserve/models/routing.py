@@ -98,17 +98,12 @@ class ModelRouter:
 
     def partitions_of(self, model: str) -> tuple[int, ...]:
         """One partition per worker of ``model``, its home first: along the ring from its home partition,
-        the first one each of its workers owns (the walk :meth:`Placement.place` makes)."""
-        p = self.placement
-        home = partition_of(model, p.partitions)
-        workers = p.workers_of(model)
+        the first one each of its workers owns (:meth:`Placement.ring`, the walk placing them)."""
+        workers = self.placement.workers_of(model)
         if len(workers) == 1:
-            return (home,)
-        found: dict[int, int] = {}
-        for k in range(p.partitions):
-            part = (home + k) % p.partitions
-            found.setdefault(p.owner(part), part)
-        return tuple(found[w] for w in workers)
+            return (partition_of(model, self.partitions),)
+        first = dict(self.placement.ring(model))
+        return tuple(first[w] for w in workers)
 
     def shares(self) -> dict[str, float]:
         """Each recently routed model's part of the requests (decayed over rounds)."""
@@ -130,17 +125,14 @@ class ModelRouter:
         shares = self.shares()
         # models placed on several workers before are placed again even when forgotten: they cool to one
         placed = self.placement.place({**dict.fromkeys(before, 0.0), **shares})
-        changes = []
-        for model, holders in placed.items():
-            was = before.get(model, (self.placement.home(model),))
-            if holders != was:
-                changes.append(PlacementChange(model, holders, (), was, shares.get(model, 0.0)))
+        moved = [(model, holders, was) for model, holders in placed.items()
+                 if holders != (was := before.get(model, (self.placement.home(model),)))]
         # keep only what decides a placement: the replicated models, and the counts still worth decaying
         self.placement.holders = {m: h for m, h in placed.items() if len(h) > 1}
         self.weights = {m: w * DECAY for m, w in self.weights.items() if w * DECAY >= FORGET}
         self._routes.clear()
-        return [PlacementChange(c.model, c.workers, self.partitions_of(c.model), c.before, c.share)
-                for c in changes]
+        # partitions as the new holders give them
+        return [PlacementChange(m, h, self.partitions_of(m), was, shares.get(m, 0.0)) for m, h, was in moved]
 
     def placed(self) -> dict[str, dict[str, object]]:
         """The models on more than one worker: their workers, partitions and share (``flowserve stats``)."""
