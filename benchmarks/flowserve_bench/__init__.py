@@ -9,6 +9,6 @@ from __future__ import annotations
 #: every ``flowserve bench`` workload (benchmarks/render.py lists the ones with no saved result)
 WORKLOADS = ("passthrough", "latency", "gateway", "capture", "batching", "tuner", "simulate", "parity", "scale",
              "broker", "learn", "learn-cache", "learn-selection", "learn-ensemble", "learn-continual", "chaos",
-             "models", "plan-objectives", "explain")
+             "models", "plan-objectives", "explain", "hop-cpu")
 
 __all__ = ["WORKLOADS"]

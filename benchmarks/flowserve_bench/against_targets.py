@@ -91,39 +91,7 @@ def decide(target: RatioTarget, runs: dict[str, list[dict[str, Any]]]) -> bool:
     return True
 
 
-#: Issue 35's "today": the 3-stage digits pipeline's worker CPU per request, mean over its three stages, on
-#: Apache Kafka at each level, in µs (docs/benchmarks.md as of commit bb77cab, 2026-12-02: 1743+2201+1821,
-#: 432+523+436, 168+201+172 and 88+104+93 µs). The target is half of it at every level.
-CPU_PER_HOP_BEFORE_US = {"c1": 1921.7, "c8": 463.7, "c32": 180.3, "c128": 95.0}
-CPU_PER_HOP_TARGET = "worker_cpu_per_record_per_hop_le_0_5x_issue_35"
-
-
-def cpu_per_hop_us(run: dict[str, Any] | None, load: str) -> float | None:
-    """The run's worker CPU per request per stage at ``load`` (mean over its workers), from /proc."""
-    for row in (run or {}).get("loads", []):
-        if row["load"] == load:
-            workers = [v for k, v in row.get("flowserve", {}).get("cpu_us_per_request", {}).items()
-                       if k.startswith("worker:")]
-            return sum(workers) / len(workers) if workers else None
-    return None
-
-
-def cpu_per_hop_met(runs: dict[str, list[dict[str, Any]]]) -> bool:
-    """Issue 35: the 3-stage digits' worker CPU per request per hop on Apache Kafka at most half of
-    :data:`CPU_PER_HOP_BEFORE_US` at every level (a level not run fails). CPU is summed over every slice of
-    a level, so there is no interval to read."""
-    run = _run(runs.get("kafka", []), "digits")
-    for load, before in CPU_PER_HOP_BEFORE_US.items():
-        now = cpu_per_hop_us(run, load)
-        if now is None or now > 0.5 * before:
-            return False
-    return True
-
-
 def targets(runs: dict[str, list[dict[str, Any]]]) -> dict[str, bool]:
     """Each target whose topology the run deployed (on any broker), decided (:func:`decide`)."""
     ran = {run["topology"] for kind in runs.values() for run in kind}
-    out = {name: decide(target, runs) for name, target in TARGETS.items() if target.topology in ran}
-    if "digits" in ran:
-        out[CPU_PER_HOP_TARGET] = cpu_per_hop_met(runs)
-    return out
+    return {name: decide(target, runs) for name, target in TARGETS.items() if target.topology in ran}

@@ -117,15 +117,26 @@ def throughput_ratio(a: Sequence[Slice], b: Sequence[Slice], *, blocks: Sequence
     (over blocks, then slices, when ``blocks`` gives each slice index its block)."""
     if len(a) != len(b) or not a:
         raise ValueError(f"need the same number of slices on both sides, got {len(a)} and {len(b)}")
-    req = np.array([[s.requests for s in a], [s.requests for s in b]], dtype=float)
-    sec = np.array([[s.seconds for s in a], [s.seconds for s in b]], dtype=float)
+    return sum_ratio([s.requests for s in a], [s.seconds for s in a], [s.requests for s in b],
+                     [s.seconds for s in b], blocks=blocks, resamples=resamples, seed=seed)
+
+
+def sum_ratio(num_a: Sequence[float], den_a: Sequence[float], num_b: Sequence[float], den_b: Sequence[float], *,
+              blocks: Sequence[int] | None = None, resamples: int = RESAMPLES,
+              seed: int = 0) -> tuple[float, float, float]:
+    """``(sum num_a / sum den_a) / (sum num_b / sum den_b)`` over paired slices (index ``i`` of each list is
+    slice ``i``: requests and seconds for throughput, CPU seconds and records for CPU per record), and its
+    95% bootstrap interval over slice pairs (over blocks, then slices, when ``blocks`` is given)."""
+    x = np.array([num_a, den_a, num_b, den_b], dtype=float)
+    if x.shape[1] == 0:
+        raise ValueError("need at least one slice pair")
     # A slice that answered nothing is zero throughput, not a missing slice: a side that stalls in some
-    # slices is slower by that much. Where ``b`` answered nothing in a resample the ratio is +inf; where
-    # neither side did it is undefined (NaN) and left out of the interval.
+    # slices is slower by that much. Where ``b``'s quotient is 0 in a resample the ratio is +inf; where
+    # both are undefined it is NaN and left out of the interval.
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = np.array([(req[0, i].sum() / sec[0, i].sum()) / (req[1, i].sum() / sec[1, i].sum())
-                           for i in _resamples(len(a), resamples, seed, blocks)])
-        point = float(np.float64(throughput(a)) / np.float64(throughput(b)))
+        ratios = np.array([(x[0, i].sum() / x[1, i].sum()) / (x[2, i].sum() / x[3, i].sum())
+                           for i in _resamples(x.shape[1], resamples, seed, blocks)])
+        point = float(np.float64(x[0].sum() / x[1].sum()) / np.float64(x[2].sum() / x[3].sum()))
     low, high = _interval(ratios)
     return point, low, high
 

@@ -213,6 +213,22 @@ def scale(fig: Any, result: dict[str, Any]) -> None:
            xlabel="consumers of the stage", ylabel="throughput (req/s)")
 
 
+def hop_cpu(fig: Any, result: dict[str, Any]) -> None:
+    """CPU per record per hop, this code / the earlier commit, per level with its 95% interval; 0.5 is
+    issue 35's bound."""
+    ax = fig.subplots()
+    rows = result["loads"]
+    values = [r["cpu_ratio"][0] for r in rows]
+    low = [v - r["cpu_ratio"][1] for v, r in zip(values, rows, strict=True)]
+    high = [r["cpu_ratio"][2] - v for v, r in zip(values, rows, strict=True)]
+    ax.errorbar(range(len(rows)), values, yerr=[low, high], fmt="o", capsize=4)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.axhline(0.5, color="#c33", linestyle=":", linewidth=1)
+    ax.set_xticks(range(len(rows)), [r["load"] for r in rows])
+    ax.set(title=f"{result.get('topology')}: worker CPU per record per hop, now / {result['before']['commit']}",
+           xlabel="closed-loop concurrency", ylabel="ratio (95% interval)")
+
+
 def chaos(fig: Any, result: dict[str, Any]) -> None:
     """The accounting per caller (sent, answered, failed, lost) and each fault on the run's timeline."""
     acc, timeline = fig.subplots(1, 2)
@@ -281,7 +297,7 @@ def numbers(fig: Any, result: dict[str, Any]) -> None:
 DRAWERS: dict[str, Drawer] = {"batching": batching, "gateway": gateway, "latency": latency,
                               "passthrough": passthrough, "capture": capture, "explain": capture, "tuner": tuner,
                               "simulate": tuner, "parity": parity, "scale": scale, "chaos": chaos, "broker": broker,
-                              "plan-objectives": plan_objectives, "models": models,
+                              "plan-objectives": plan_objectives, "models": models, "hop-cpu": hop_cpu,
                               **plot_learning.DRAWERS}
 
 

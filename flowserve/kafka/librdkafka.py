@@ -10,9 +10,9 @@ delivery report, and a tuple per record read (``WorkerSettings.client`` says wha
 Every blocking consumer call (``consume``, ``commit``, ``close``) runs on the consumer's one thread
 (:class:`_Owner`), so no two overlap. librdkafka calls the rebalance callbacks there, inside ``consume``;
 they run the worker's async listener on the event loop and wait for it, making the calls it asks for
-meanwhile (a drain's commit) on the same thread, as aiokafka waits for its listener. The event loop serves
-the producer's delivery reports; each batch :meth:`RdOutbox.send` hands over resolves one future once every
-record of it is reported delivered (or at the first failure).
+meanwhile (a drain's commit) on the same thread, as aiokafka waits for its listener. A thread of the
+producer's serves its delivery reports; each batch :meth:`RdOutbox.send` hands over resolves one future on
+the event loop once every record of it is reported delivered (or at the first failure).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ _REBALANCED = frozenset({ck.KafkaError.ILLEGAL_GENERATION, ck.KafkaError.UNKNOWN
 LISTENER_TIMEOUT_S = 60.0
 #: how long start() waits for the cluster's metadata before calling the brokers unreachable
 CONNECT_TIMEOUT_S = 10.0
-#: how often the loop serves a producer's delivery reports while records are outstanding: the most an
-#: acknowledgement waits here after librdkafka has it
-POLL_INTERVAL_S = 0.0005
+#: how long the producer's report thread waits in one ``poll``: a report ends the wait at once, so this
+#: only bounds how long stopping takes
+POLL_WAIT_S = 0.2
 
 
 class Record(NamedTuple):
@@ -322,13 +322,19 @@ class _Ack:
 
 
 class RdProducer:
-    """A librdkafka producer whose delivery reports the event loop serves: ``poll(0)`` every
-    ``POLL_INTERVAL_S`` while records are outstanding, and not at all while none are."""
+    """A librdkafka producer whose delivery reports a thread of its own serves, blocked in ``poll`` (the GIL
+    released) until librdkafka has one.
+
+    The event loop used to ``poll(0)`` every half millisecond while records were outstanding: at eight
+    requests in flight that was a fifth of a worker's CPU (py-spy, 2026-12-04), timers firing between
+    acknowledgements. The thread wakes once per report batch; :class:`_Ack` resolves a batch's future on
+    the loop through ``call_soon_threadsafe``."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self._config = config
         self._p: ck.Producer | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._reports: threading.Thread | None = None
+        self._stopping = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -345,17 +351,15 @@ class RdProducer:
         except ck.KafkaException as exc:
             self._p = None
             raise ae.KafkaConnectionError(f"no metadata within {CONNECT_TIMEOUT_S:.0f} s: {exc}") from None
+        self._stopping.clear()
+        self._reports = threading.Thread(target=self._serve, args=(self._p,), name="flowserve-delivery-reports",
+                                         daemon=True)
+        self._reports.start()
 
-    def _serve(self) -> None:
-        """Run the delivery reports that arrived, and come back while any record is outstanding."""
-        self._timer = None
-        producer = self._p
-        if producer is None:
-            return
-        producer.poll(0)
-        if len(producer):
-            assert self.loop is not None
-            self._timer = self.loop.call_later(POLL_INTERVAL_S, self._serve)
+    def _serve(self, producer: ck.Producer) -> None:
+        """Run delivery reports as librdkafka has them, until :meth:`stop`."""
+        while not self._stopping.is_set():
+            producer.poll(POLL_WAIT_S)
 
     async def hand_over(self, records: Sequence[tuple[str, int, bytes | None, bytes, Any]]) -> asyncio.Future[None]:
         """Queue ``records`` (topic, partition, key, value, headers) with librdkafka; the future resolves when
@@ -390,8 +394,6 @@ class RdProducer:
                 except (TypeError, ValueError) as exc:  # a record of the wrong shape fails its batch, not the loop
                     report(exc, None)
                     break
-        if self._timer is None:
-            self._timer = self.loop.call_later(POLL_INTERVAL_S, self._serve)
         return ack.future
 
     async def send_and_wait(self, topic: str, value: bytes, key: bytes | None = None,
@@ -402,9 +404,10 @@ class RdProducer:
         """Hand over what is queued (bounded by message.timeout.ms), then stop serving reports."""
         if self._p is None:
             return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._stopping.set()
+        if self._reports is not None:
+            await asyncio.to_thread(self._reports.join)
+            self._reports = None
         # flush runs the last reports on its thread: their futures resolve through call_soon_threadsafe
         await asyncio.to_thread(self._p.flush, self._config.get("message.timeout.ms", 10_000) / 1000)
         self._p = None

@@ -16,7 +16,7 @@ import yaml
 from flowserve.topology import load_topology
 from flowserve.wire.v2 import parse_infer
 from flowserve_bench.against import FS, OTHER, arrivals, comparison_row, contenders, measure_load
-from flowserve_bench.against_targets import CPU_PER_HOP_BEFORE_US, CPU_PER_HOP_TARGET, cpu_per_hop_us, targets
+from flowserve_bench.against_targets import targets
 from flowserve_bench.load import Request, poisson_slice, request_body
 from flowserve_bench.paired import Slice
 
@@ -86,7 +86,6 @@ def _runs(ratio: Ratio, p99: Ratio, kinds: tuple[str, ...] = ("embedded", "kafka
 def test_targets_read_the_conservative_end_of_each_interval() -> None:
     met = targets(_runs([1.3, 1.05, 1.6], [0.9, 0.7, 1.4]))
     assert {k for k, v in met.items() if v} == ISSUE_16 | {"three_stage_ge_1x_all_levels"}
-    assert met[CPU_PER_HOP_TARGET] is False  # these runs carry no CPU figures: a target not measured fails
     # the point estimates still pass, the intervals do not: throughput's low end under 1, p99's high end over 1.5
     missed = targets(_runs([1.3, 0.95, 1.6], [0.9, 0.7, 1.6]))
     assert not any(missed.values()), missed
@@ -103,8 +102,8 @@ def test_issue_35_targets_on_a_good_run() -> None:
     good = _runs([1.6, 1.35, 1.9], [0.8, 0.6, 1.1], digits_planned=_loads([1.6, 1.35, 1.9], [0.8, 0.6, 1.1]))
     met = targets(good)
     assert set(met) == ISSUE_16 | {"three_stage_ge_1x_all_levels", "planned_ge_1_3x_all_levels",
-                                   "fused_ge_1_2x_all_levels", "fused_p99_at_8_le_1_2x", CPU_PER_HOP_TARGET}
-    assert all(v for k, v in met.items() if k != CPU_PER_HOP_TARGET), met
+                                   "fused_ge_1_2x_all_levels", "fused_p99_at_8_le_1_2x"}
+    assert all(met.values()), met
 
 
 def test_issue_35_targets_fail_a_known_bad_run() -> None:
@@ -120,32 +119,7 @@ def test_issue_35_targets_fail_a_known_bad_run() -> None:
     assert met == {"fused_ge_1x_mlserver_all_levels_both_brokers": True, "fused_p99_at_8_le_1_5x_mlserver": True,
                    "three_stage_ge_1x_at_32_and_up": True, "three_stage_ge_1x_all_levels": False,
                    "planned_ge_1_3x_all_levels": False, "fused_ge_1_2x_all_levels": False,
-                   "fused_p99_at_8_le_1_2x": False, CPU_PER_HOP_TARGET: False}
-
-
-def _with_cpu(runs: dict[str, list[dict[str, Any]]], per_hop: dict[str, float]) -> None:
-    """Give the 3-stage digits run of every broker these worker CPU figures per level (µs per request,
-    the three stages alike)."""
-    for rows in runs.values():
-        for run in rows:
-            if run["topology"] == "digits":
-                run["loads"] = [{**row, "flowserve": {"cpu_us_per_request": {
-                    "gateway": 999.0, **{f"worker:{n}": per_hop[row["load"]] for n in ("pre", "model", "post")}}}}
-                    for row in run["loads"]]
-
-
-def test_the_cpu_per_hop_target_on_a_good_and_a_known_bad_run() -> None:
-    good = _runs([1.6, 1.35, 1.9], [0.8, 0.6, 1.1])
-    _with_cpu(good, {load: 0.49 * before for load, before in CPU_PER_HOP_BEFORE_US.items()})
-    assert targets(good)[CPU_PER_HOP_TARGET]
-    # the figures the run at commit 31e4045 printed: half of "today" at c1 and c128, not at c8 and c32
-    bad = _runs([1.6, 1.35, 1.9], [0.8, 0.6, 1.1])
-    _with_cpu(bad, {"c1": 822.1, "c8": 311.0, "c32": 110.5, "c128": 38.2})
-    assert not targets(bad)[CPU_PER_HOP_TARGET]
-    assert cpu_per_hop_us(bad["kafka"][1], "c8") == 311.0  # the gateway's CPU is not a hop's
-    # the target reads Apache Kafka's run: the same figures on another broker alone decide nothing
-    only_embedded = {"embedded": good["embedded"]}
-    assert not targets(only_embedded)[CPU_PER_HOP_TARGET]
+                   "fused_p99_at_8_le_1_2x": False}
 
 
 def test_the_planned_target_needs_a_plan_that_fused() -> None:

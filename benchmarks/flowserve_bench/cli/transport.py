@@ -1,5 +1,5 @@
-"""The workloads of the data path: ``passthrough``, ``latency``, ``gateway``, ``broker``, ``scale``,
-``capture`` and ``batching``."""
+"""The workloads of the data path: ``passthrough``, ``latency``, ``gateway``, ``hop-cpu``, ``broker``,
+``scale``, ``capture`` and ``batching``."""
 
 from __future__ import annotations
 
@@ -28,6 +28,19 @@ def register(workloads: Any) -> None:
                  "against the V2 server at URL (e.g. MLServer) under the same load, in interleaved slices.")
     p.add_argument("--seconds", type=float, default=20.0, help="per concurrency level (without --against)")
     _against_arguments(p)
+
+    p = workload(workloads, "hop-cpu", _hop_cpu, summary="a stage worker's CPU per record per hop against an "
+                 "earlier commit's", description="This code's stage workers against an earlier commit's (checked "
+                 "out with git worktree), both deployed with their gateways on one broker and driven in "
+                 "interleaved slices: CPU per record per hop from /proc, the ratio now / before with its interval.")
+    p.add_argument("--before", default="bb77cab", metavar="REF",
+                   help="the commit to compare with (default: issue 35's, whose figures its target halves)")
+    p.add_argument("--topology", default="topologies/digits.yaml", metavar="FILE", help="the topology both deploy")
+    p.add_argument("--levels", default="1,8,32,128", help="closed-loop concurrency levels")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a setting for this code's deployment only, e.g. FLOWSERVE_WORKER_CLIENT=librdkafka")
+    slices(p, 2.0, "the two deployments take turns")
+    rounds(p)
 
     p = workload(workloads, "broker", _broker, broker=False, summary="the default broker against Apache Kafka "
                  "and Tansu", description="The default broker against Apache Kafka as its start script runs it "
@@ -82,6 +95,17 @@ def _against_arguments(p: argparse.ArgumentParser) -> None:
                    "compiler is quiet, for at most S seconds (0: no such warm-up)")
     slices(p, 2.0, "--against: the two servers take turns")
     rounds(p, what="--against: slices per server and load")
+
+
+def _hop_cpu(args: argparse.Namespace) -> Result:
+    from pathlib import Path
+
+    from flowserve_bench.hop_cpu import hop_cpu
+
+    levels = tuple(int(x) for x in args.levels.split(","))
+    return on_broker(args, lambda kafka: hop_cpu(kafka, before=args.before, topology=Path(args.topology),
+                                                 levels=levels, rounds=args.rounds, slice_s=args.slice_seconds,
+                                                 env=dict(x.split("=", 1) for x in args.env)))
 
 
 def _passthrough(args: argparse.Namespace) -> Result:
