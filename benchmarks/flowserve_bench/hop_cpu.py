@@ -147,12 +147,16 @@ async def hop_cpu(kafka: KafkaSettings, *, before: str = BEFORE, topology: Path 
                   levels: tuple[int, ...] = (1, 8, 32, 128), rounds: int = 4, slice_s: float = 2.0,
                   ports: tuple[int, int] = (18370, 18371), env: dict[str, str] | None = None) -> dict[str, Any]:
     """The bench; ``env``: settings for this code's side only (``FLOWSERVE_WORKER_CLIENT=librdkafka``)."""
+    found = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", f"{before}^{{commit}}"],
+                           capture_output=True, text=True)
+    if found.returncode:
+        raise SystemExit(f"flowserve bench hop-cpu: commit {before!r} is not in {REPO} ({found.stderr.strip()}); "
+                         "a shallow clone lacks it: git fetch --unshallow")
+    sha = found.stdout.strip()
     spec = load_topology(topology)
     inputs, _ = spec.sampler()(256)
     requests = [request_body(x, "json") for x in inputs]
     stages = len(spec.nodes)
-    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", before], check=True, capture_output=True,
-                         text=True).stdout.strip()
     with checkout(before) as tree:
         relative = topology.resolve().relative_to(REPO)
         procs = {NOW: start_side(NOW, REPO, topology, kafka, ports[0], env),

@@ -47,3 +47,11 @@ def test_the_ratio_sums_each_side_before_dividing_and_keeps_pairs_together() -> 
     assert low <= point <= high
     # identical sides: the ratio is 1 in every resample
     assert sum_ratio([1.0, 2.0], [10, 30], [1.0, 2.0], [10, 30]) == pytest.approx((1.0, 1.0, 1.0))
+
+
+async def test_a_commit_this_clone_lacks_is_a_clear_error() -> None:
+    from flowserve.kafka.settings import KafkaSettings
+    from flowserve_bench.hop_cpu import hop_cpu
+
+    with pytest.raises(SystemExit, match="'no-such-ref' is not in .*git fetch --unshallow"):
+        await hop_cpu(KafkaSettings(bootstrap="127.0.0.1:1"), before="no-such-ref")
