@@ -23,9 +23,9 @@ def test_the_page_is_what_the_results_render_to() -> None:
         "docs/benchmarks.md is out of date: run python benchmarks/render.py")
 
 
-def test_the_page_stays_under_560_lines() -> None:
-    # 26 benches at about 20 lines each: a table each, its full rows in the JSON file
-    assert (REPO / "docs" / "benchmarks.md").read_text().count("\n") < 560
+def test_the_page_stays_under_580_lines() -> None:
+    # 27 result files at about 20 lines each: a table each, its full rows in the JSON file
+    assert (REPO / "docs" / "benchmarks.md").read_text().count("\n") < 580
 
 
 def test_a_missed_target_and_the_tables_show(tmp_path: Path) -> None:
