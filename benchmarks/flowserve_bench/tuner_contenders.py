@@ -11,6 +11,8 @@
 - **keda** / **keda-tuned**: one :class:`~flowserve_bench.keda.KedaAutoscaler` per stage, as ``flowserve
   deploy render`` writes them; closed loop: the cluster advances to the next HPA sync, the autoscaler
   reads each stage's simulated lag and the ready pods, and its replicas go to the scaler;
+- **oracle-late**: the oracle's counts, each scale-up asked for ``LATE_S`` into its window: the best a
+  controller that learns of a change as it happens can do where the rate changes at a window's start;
 - **oracle**: per window of ``window_s``, the fewest consumers per stage (the plan's hardware and batch)
   whose simulation of that window alone meets the SLO (p99.5), knowing the future: it asks for pods the
   longest start delay before the window they serve, and pays for them from then, as the others do; then
@@ -37,7 +39,11 @@ from flowserve.tuning.targets import targets_from_plan
 from flowserve.tuning.tuner import Action, Controller
 from flowserve_bench.keda import PRESETS, KedaAutoscaler, autoscalers
 
-CONTENDERS = ("static", "keda", "keda-tuned", "tuner", "tuner-bound", "tuner-relative", "oracle")
+CONTENDERS = ("static", "keda", "keda-tuned", "tuner", "tuner-bound", "tuner-relative", "oracle", "oracle-late")
+#: oracle-late asks for each scale-up this long after its window starts: a controller that knows the right
+#: count the moment the rate changes, and no sooner (where a trace's rate changes at a window's start, as
+#: the spike trace's does, no reactive controller can do better)
+LATE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,9 @@ class SimSettings:
     settle_s: float = 5.0
     #: the oracle's window
     window_s: float = 60.0
+    #: requests carry this deadline (the SLO, ``parameters.timeout_ms`` through the gateway): a worker refuses
+    #: at once one it can no longer make (:class:`~flowserve.tuning.cluster.Cluster`); None: no deadline
+    deadline_s: float | None = None
     #: partitions = the static plan's most consumers x this (``flowserve plan --headroom``): a consumer owns
     #: whole partitions, so with 2x (the planner's default) the steps above the static count are coarse
     #: (5 -> 10 on 10 partitions); 4x gave the tuner 7 at the diurnal peak instead of 10 (1.30x the
@@ -130,7 +139,7 @@ class IndexedController(Controller):
 def _cluster(stages: list[SimStage], trace: np.ndarray, plan: Plan, cfg: SimSettings,
              replicas: dict[str, Replicas]) -> Cluster:
     return Cluster(stages, trace, partitions=plan.partitions, replicas=replicas, hop_s=cfg.hop_s, jitter=cfg.jitter,
-                   seed=cfg.seed, overhead_s=cfg.overhead_s, pause_s=cfg.pause_s)
+                   seed=cfg.seed, overhead_s=cfg.overhead_s, pause_s=cfg.pause_s, deadline_s=cfg.deadline_s)
 
 
 def _outcome(cluster: Cluster, replicas: dict[str, Replicas], end: float, actions: int) -> Outcome:
@@ -261,21 +270,22 @@ ORACLE_REPAIRS = 8
 
 def run_oracle(options: Sequence[StageOptions], trace: np.ndarray, plan: Plan, cfg: SimSettings,
                seconds: float, counts: list[dict[str, int]] | None = None,
-               repairs: int = ORACLE_REPAIRS) -> Outcome:
+               repairs: int = ORACLE_REPAIRS, late_s: float | None = None) -> Outcome:
     """The per-window counts (sized for ``ORACLE_PERCENTILE``), each scale-up asked for the longest start
     delay (and pause) before its window, each scale-down at its window's start; then repaired in the whole
     run, which a window sized alone does not see (the rebalance pause each change costs, the backlog a
     window hands the next): while the run attains less than ``ORACLE_ATTAINMENT``, the windows missing
     most, as many as hold the excess misses, each keep the previous window's consumers where they scaled
     down (the change and its pauses go), else grow their most-waiting stage by a quarter. The cheapest run
-    meeting it is kept, else the one attaining most."""
+    meeting it is kept, else the one attaining most. ``late_s`` (oracle-late): each scale-up is asked for
+    that long after its window starts instead, with no foresight of the start delay."""
     counts = [dict(c) for c in (counts if counts is not None else
                                 oracle_counts(options, trace, plan, cfg, seconds, ORACLE_PERCENTILE))]
     edges = np.searchsorted(trace, np.arange(len(counts) + 1) * cfg.window_s, side="left")
     price = {k: hw.HARDWARE[c.hardware].price_per_hour for k, c in plan.stages.items()}
     best: tuple[tuple[bool, float], Outcome] | None = None
     for attempt in range(repairs + 1):
-        replicas, actions = _oracle_replicas(counts, cfg)
+        replicas, actions = _oracle_replicas(counts, cfg, late_s)
         cluster = _cluster(sim_stages(options, plan.stages), trace, plan, cfg, replicas)
         out = _outcome(cluster, replicas, seconds, actions)
         missed = out.latency_s > cfg.slo_s
@@ -299,8 +309,9 @@ def run_oracle(options: Sequence[StageOptions], trace: np.ndarray, plan: Plan, c
     return best[1]
 
 
-def _oracle_replicas(counts: list[dict[str, int]], cfg: SimSettings) -> tuple[dict[str, Replicas], int]:
-    lead = float(np.max(cfg.start_s)) + float(np.max(cfg.pause_s))
+def _oracle_replicas(counts: list[dict[str, int]], cfg: SimSettings, late_s: float | None = None
+                     ) -> tuple[dict[str, Replicas], int]:
+    lead = float(np.max(cfg.start_s)) + float(np.max(cfg.pause_s)) if late_s is None else -late_s
     replicas = replicas_for(counts[0], start_s=cfg.start_s, seed=cfg.seed)
     actions = 0
     events: list[tuple[float, str, int]] = []
@@ -344,5 +355,5 @@ def _repair(counts: list[dict[str, int]], w: int, cluster: Cluster, span: tuple[
 def _still_needed(counts: list[dict[str, int]], sid: str, at: float, window_s: float, lead: float) -> int:
     """What the windows in force at ``at`` or starting within ``lead`` of it need (never below)."""
     first = int(at // window_s)
-    last = min(len(counts) - 1, int(math.floor((at + lead) / window_s)))
+    last = max(first, min(len(counts) - 1, int(math.floor((at + lead) / window_s))))
     return max(counts[w][sid] for w in range(first, last + 1))

@@ -6,9 +6,11 @@ Per pipeline x trace: **static** is the plan for the trace's busiest minute (``f
 slice: the cheapest configuration whose simulated p99 meets the SLO there); the adaptive contenders start
 from the plan for a sample of the trace's arrival process at its mean rate (Poisson; gamma keeps its CV),
 on static's partitions, as the live bench does; the **oracle** keeps static's hardware and batches and
-sizes each minute. Every contender pays the same start delays (``start``: ``kubernetes`` by default) and
-rebalance pauses. Cost: pod-seconds x the hardware's price. Rows: attainment within the SLO, misses, p99,
-cost, actions, cost / oracle, cost / static. Targets (:func:`simulated_targets`), per pipeline x trace:
+sizes each minute, and **oracle-late** takes its counts a second into each minute, with no foresight.
+Every contender pays the same start delays (``start``: ``kubernetes`` by default) and rebalance pauses,
+and serves requests that carry the SLO as their deadline (``deadline``: a worker refuses at once what it
+can no longer make, a miss). Cost: pod-seconds x the hardware's price. Rows: attainment within the SLO,
+misses, p99, cost, actions, cost / oracle, cost / static. Targets (:func:`simulated_targets`), per pipeline x trace:
 the tuner attains >= 99.5%; costs <= 1.3x the oracle; <= 0.7x static on diurnal and spike; against both
 KEDA variants, higher-or-equal attainment at lower-or-equal cost, and <= 1/5 of their misses on spike
 and bursty.
@@ -35,6 +37,8 @@ from flowserve_bench import graphs
 from flowserve_bench.common import console
 from flowserve_bench.tuner_contenders import (
     CONTENDERS,
+    LATE_S,
+    ORACLE_PERCENTILE,
     Outcome,
     SimSettings,
     oracle_counts,
@@ -50,6 +54,8 @@ PIPELINES = {"image-processing": 250.0, "cascade-emulated": 250.0, "social-media
 #: ``--pipelines image-processing`` for one, ~10)
 DEFAULT_PIPELINES = tuple(PIPELINES)
 TUNER = "tuner"
+#: the oracles' per-window counts of the pipeline x trace in hand (both oracles run on them)
+_COUNTS: dict[tuple[Any, ...], list[dict[str, int]]] = {}
 
 
 def _busiest(trace: Trace, window: float = 60.0) -> np.ndarray:
@@ -96,8 +102,13 @@ def run_contender(name: str, pipeline: str, trace: Trace, peak: Plan, start: Pla
     a, s = trace.arrivals, trace.seconds
     if name == "static":
         return run_static(options, a, peak, cfg, s)
-    if name == "oracle":
-        return run_oracle(options, a, peak, cfg, s)
+    if name.startswith("oracle"):
+        key = (pipeline, id(trace), cfg.slo_s, cfg.deadline_s)
+        if key not in _COUNTS:  # sized once for both oracles (the costliest part of either)
+            _COUNTS.clear()
+            _COUNTS[key] = oracle_counts(options, a, peak, cfg, s, ORACLE_PERCENTILE)
+        late = LATE_S if name == "oracle-late" else None
+        return run_oracle(options, a, peak, cfg, s, counts=_COUNTS[key], late_s=late)
     if name.startswith("keda"):
         return run_keda(topology, options, a, start, cfg, s, preset=name)
     return run_tuner(options, a, start, cfg, s, rule=name.removeprefix("tuner-") if "-" in name else "profile")
@@ -169,7 +180,8 @@ def simulated_targets(rows: Sequence[dict[str, Any]], tuner: str = TUNER) -> dic
 def simulated_bench(pipelines: Sequence[str] = DEFAULT_PIPELINES, traces: Sequence[str] = SCALE_KINDS,
                     trace_file: str | Path | None = None, *, peak: float = 2000.0, seconds: float = 3600.0,
                     start: str = "kubernetes", contenders: Sequence[str] = CONTENDERS, seed: int = 0,
-                    log: Callable[[str], None] | None = print) -> dict[str, Any]:
+                    deadline: bool = True, pause: bool = True, log: Callable[[str], None] | None = print
+                    ) -> dict[str, Any]:
     """Pipelines x traces x contenders in the simulated cluster; ``trace_file`` adds a trace read from a
     file (``flowserve trace record`` output, or a user's)."""
     made = {name: at_scale(name, peak=peak, seconds=seconds, seed=seed + i) for i, name in enumerate(traces)}
@@ -182,7 +194,9 @@ def simulated_bench(pipelines: Sequence[str] = DEFAULT_PIPELINES, traces: Sequen
     wall = time.perf_counter()
     for pipeline in pipelines:
         slo_ms = PIPELINES[pipeline]
-        cfg = SimSettings(slo_s=slo_ms / 1000, start_s=START_S[start], pause_s=PAUSE_S, seed=seed)
+        cfg = SimSettings(slo_s=slo_ms / 1000, start_s=START_S[start], pause_s=PAUSE_S if pause else np.zeros(1),
+                          seed=seed,
+                          deadline_s=slo_ms / 1000 if deadline else None)
         for tname, trace in made.items():
             peak_plan, start_plan = plans(pipeline, trace, slo_ms, cfg)
             plans_out.append({"pipeline": pipeline, "trace": tname, "requests": int(trace.arrivals.size),
@@ -209,7 +223,9 @@ def simulated_bench(pipelines: Sequence[str] = DEFAULT_PIPELINES, traces: Sequen
     _print(rows)
     return {"workload": "tuner", "part": "simulated", "peak_rps": peak, "seconds": seconds, "start": start,
             "start_s": [float(START_S[start].min()), float(START_S[start].max())],
-            "pause_s": [float(PAUSE_S.min()), float(PAUSE_S.max())], "hop_ms": 5.0, "overhead_ms": 5.0,
+            "pause_s": [float(PAUSE_S.min()), float(PAUSE_S.max())] if pause else [0.0, 0.0],
+            "hop_ms": 5.0, "overhead_ms": 5.0,
+            "deadline": "slo" if deadline else "none",
             "summary": summary(rows), "plans": plans_out, "rows": rows, "rates_per_minute": rates,
             "timelines": timelines, "wall_s": time.perf_counter() - wall, "targets": simulated_targets(rows)}
 
@@ -231,7 +247,7 @@ def summary(rows: Sequence[dict[str, Any]], tuner: str = TUNER) -> list[dict[str
     by = {(r["pipeline"], r["trace"], r["contender"]): r for r in rows}
     out = []
     for p, t in dict.fromkeys((r["pipeline"], r["trace"]) for r in rows):
-        me, oracle = by.get((p, t, tuner)), by.get((p, t, "oracle"))
+        me, oracle, late = by.get((p, t, tuner)), by.get((p, t, "oracle")), by.get((p, t, "oracle-late"))
         kedas = [k for k in (by.get((p, t, "keda")), by.get((p, t, "keda-tuned"))) if k is not None]
         keda = min(kedas, key=lambda k: k["misses"]) if kedas else None
         if me is None:
@@ -239,6 +255,7 @@ def summary(rows: Sequence[dict[str, Any]], tuner: str = TUNER) -> list[dict[str
         out.append({"pipeline": p, "trace": t, "tuner_attainment": me["attainment"],
                     "tuner_cost_vs_oracle": me.get("cost_vs_oracle"), "tuner_cost_vs_static": me.get("cost_vs_static"),
                     "oracle_attainment": oracle["attainment"] if oracle else None,
+                    "late_oracle_attainment": late["attainment"] if late else None,
                     "keda_best": keda["contender"] if keda else None,
                     "keda_attainment": keda["attainment"] if keda else None,
                     "keda_cost_vs_oracle": keda.get("cost_vs_oracle") if keda else None,

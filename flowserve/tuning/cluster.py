@@ -18,6 +18,9 @@ stops the newest at once), and :class:`Cluster` runs the same stages, draws and 
   has rejoined; measured here, adding 3 consumers to 4 or 2 to 2 left every request under 320 ms with no
   stall visible (docs/benchmarks.md, same section), the low end of that range;
 - **partitions as a cap**: a stage serves with at most ``partitions`` consumers; more cost but idle;
+- **deadlines** (``deadline_s``, none by default): a request carrying one is refused at a stage whose
+  consumer comes to it too late to make it even alone (the worker's SLO batch policy answers it with a
+  ``deadline`` error at once and spends no device time on it); it counts as a miss;
 - at a change, each partition's queue continues on its new owner after the pause (Kafka resumes from the
   committed offset; a request keeps its place in its partition).
 
@@ -135,7 +138,7 @@ class Cluster:
     def __init__(self, stages: Sequence[SimStage], arrivals: Sequence[float] | np.ndarray, *, partitions: int,
                  replicas: dict[str, Replicas] | None = None, hop_s: float | np.ndarray = 0.002,
                  jitter: float = 0.05, seed: int = 0, overhead_s: float | np.ndarray = 0.0,
-                 pause_s: float | np.ndarray = PAUSE_S) -> None:
+                 pause_s: float | np.ndarray = PAUSE_S, deadline_s: float | None = None) -> None:
         arr = np.sort(np.asarray(arrivals, dtype=float))
         self.arrivals, self.n, self.partitions = arr, arr.size, max(1, partitions)
         self.stages = sim.topological(stages)
@@ -153,6 +156,7 @@ class Cluster:
                              np.array([0.0] + [sim.batch_time(s.table, b) for b in range(1, max(1, s.max_batch) + 1)]))
                       for s in stages}
         self.pause_s, self.seed = pause_s, seed
+        self.slack = _slack(self.stages, deadline_s, hop_s, overhead_s)
         nan = np.full(self.n, np.nan)
         self.state = {s.id: _State(nan.copy(), nan.copy(), nan.copy(), np.full(self.partitions, -np.inf),
                                    nan.copy() if len(s.inputs) > 1 else None,
@@ -232,7 +236,7 @@ class Cluster:
         factors, overheads, times = self.draws[s.id]
         begins, departs, carried, busy, st.nbatch = sim.epoch_kernel()(
             st.reach[pool], self.partition[pool], starts, serve_from, widths, owners, st.width, st.free, t_end,
-            times, factors, overheads, st.nbatch)
+            times, factors, overheads, st.nbatch, self.arrivals[pool] + self.slack[s.id])
         st.width = int(widths[-1])
         st.busy += busy
         begun = ~np.isnan(begins)
@@ -240,7 +244,8 @@ class Cluster:
         st.begin[done_ids] = begins[begun]
         st.depart[done_ids] = departs[begun]
         st.carry = pool[carried]
-        st.inflight = np.concatenate([st.inflight, departs[begun]])
+        # a refused request (departing at inf) is answered at once: it is not in flight
+        st.inflight = np.concatenate([st.inflight, departs[begun & np.isfinite(departs)]])
         st.inflight = st.inflight[st.inflight > t_end]
         return np.concatenate([done_ids, never]), np.concatenate([departs[begun], np.full(never.size, np.inf)])
 
@@ -274,7 +279,7 @@ class Cluster:
     def result(self) -> SimResult:
         """Run to the end; per-request latency (inf: never completed) and per-stage stats."""
         self.advance(math.inf)
-        outputs = [np.nan_to_num(self.state[s.id].depart, nan=np.inf) for s in self.stages if s.output]
+        outputs = [np.nan_to_num(self.state[s.id].depart, nan=np.inf, posinf=np.inf) for s in self.stages if s.output]
         done = (np.maximum.reduce(outputs) if outputs else np.full(self.n, np.inf)) + self.final_hop
         latency = done - self.arrivals
         finite = done[np.isfinite(done)]
@@ -290,6 +295,22 @@ class Cluster:
                                      p99_wait_s=float(np.percentile(waits, 99)) if waits.size else 0.0,
                                      batches=st.nbatch)
         return SimResult(latency, stats)
+
+
+def _slack(stages: Sequence[SimStage], deadline_s: float | None, hop_s: float | np.ndarray,
+           overhead_s: float | np.ndarray) -> dict[str, float]:
+    """Per stage, the latest a request may begin there after its arrival and still make ``deadline_s``:
+    the deadline less the stage alone (batch 1, its overhead) and the slowest downstream path at batch 1
+    with its hops (the live worker's :meth:`~flowserve.runtime.budget.Budget.latest_finish`); inf
+    without a deadline."""
+    if deadline_s is None:
+        return {s.id: math.inf for s in stages}
+    hop, overhead = float(np.mean(hop_s)), float(np.mean(overhead_s))
+    tail: dict[str, float] = {}
+    for s in reversed(stages):  # topological: every child's tail is known before its parents'
+        after = [hop + tail[c.id] for c in stages if any(src == s.id for src, _ in c.inputs)]
+        tail[s.id] = sim.batch_time(s.table, 1) + overhead + max(after + ([hop] if s.output else []), default=hop)
+    return {sid: deadline_s - t for sid, t in tail.items()}
 
 
 def _ready_seconds(changes: list[tuple[float, int]], end: float, partitions: int) -> float:

@@ -222,7 +222,7 @@ def _serve(reach: np.ndarray, order: np.ndarray, owner: np.ndarray, width: int, 
 
 def _serve_epochs(reach: np.ndarray, part: np.ndarray, starts: np.ndarray, serve_from: np.ndarray,
                   widths: np.ndarray, owners: np.ndarray, width_before: int, free: np.ndarray, t_end: float,
-                  times: np.ndarray, factors: np.ndarray, overheads: np.ndarray, nbatch: int
+                  times: np.ndarray, factors: np.ndarray, overheads: np.ndarray, nbatch: int, latest: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, int]:
     """One stage over one window of a cluster whose group changes (:mod:`flowserve.tuning.cluster`).
 
@@ -234,7 +234,8 @@ def _serve_epochs(reach: np.ndarray, part: np.ndarray, starts: np.ndarray, serve
     What is not begun within an epoch stays on its partition for the next one's owner. Returns, per pool
     entry, its batch's start and its departure (NaN: not begun before ``t_end``), the pool entries carried
     on (in reach order), the device-busy seconds and the batch counter (it indexes ``factors`` and
-    ``overheads``)."""
+    ``overheads``). A pool entry whose ``latest`` start has passed when its consumer comes to it is refused
+    (begun then, departing at inf: flowserve's worker answers it with a ``deadline`` error at once)."""
     n = reach.size
     top = times.size - 1
     begins = np.full(n, np.nan)
@@ -292,6 +293,11 @@ def _serve_epochs(reach: np.ndarray, part: np.ndarray, starts: np.ndarray, serve
                         j += 1
                 if begin >= hi:
                     break
+                if latest[queue[i]] < begin:  # refused: it cannot make its deadline even alone (no device time)
+                    begins[queue[i]] = begin
+                    departs[queue[i]] = np.inf
+                    i += 1
+                    continue
                 service = times[j - i] * factors[nbatch]
                 finish = begin + service + overheads[nbatch]
                 for q in range(i, j):

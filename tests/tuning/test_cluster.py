@@ -84,6 +84,29 @@ def test_lag_counts_queued_and_unfinished_records() -> None:
     assert c.lag("m") == 3
 
 
+def test_a_request_that_cannot_make_its_deadline_is_refused_and_frees_the_consumer() -> None:
+    # 1 s per request, deadline 2.85 s: a request must begin within 1.85 s of its arrival
+    c = Cluster([_stage()], [0.0, 0.1, 0.2, 0.3], partitions=1, hop_s=0.0, jitter=0.0, deadline_s=2.85)
+    c.advance(3.5)
+    assert c.lag("m") == 0  # r3 was refused at 3.0 (answered at once), not queued nor in flight
+    # r2 begins at 2.0, within its 2.05; r3 would begin at 3.0, past its 2.15: refused, a miss (inf)
+    assert list(np.round(c.result().latency_s, 6)) == [1.0, 1.9, 2.8, np.inf]
+    slow = Cluster([_stage()], [0.0, 0.1, 0.2, 0.3], partitions=1, hop_s=0.0, jitter=0.0)
+    assert list(np.round(slow.result().latency_s, 6)) == [1.0, 1.9, 2.8, 3.7]  # no deadline: all served
+
+
+def test_deadlines_keep_a_backlog_from_making_every_later_request_late() -> None:
+    # 2 s at twice what one consumer serves, then half: without deadlines the backlog delays the calm
+    # second too; with them the hopeless are refused and the calm requests are served in time
+    stage = SimStage("m", {1: 0.01}, inputs=[(None, "x")], consumers=1, max_batch=1, output=True)
+    arrivals = np.concatenate([np.arange(0, 2, 0.005), np.arange(2, 4, 0.02)])
+    late = Cluster([stage], arrivals, partitions=1, hop_s=0.0, jitter=0.0).result().latency_s
+    kept = Cluster([stage], arrivals, partitions=1, hop_s=0.0, jitter=0.0, deadline_s=0.1).result().latency_s
+    calm = arrivals >= 3.0
+    assert np.all(late[calm] > 0.1) and np.all(kept[calm] <= 0.1)
+    assert np.all(np.isinf(kept[kept > 0.1]))  # a miss under a deadline is a refusal, never a late answer
+
+
 def test_scale_traces_peak_where_the_issue_says() -> None:
     spike = at_scale("spike", peak=2000, seconds=600, seed=1)
     assert spike.params["length"] <= 0.1 * 600 and spike.params["factor"] == 4.0

@@ -41,6 +41,14 @@ def register(workloads: Any) -> None:
     simulated.add_argument("--contenders", nargs="+", default=None,
                            help="the contenders (default: all; the targets need tuner, static, keda, keda-tuned "
                            "and oracle)")
+    simulated.add_argument("--deadline", choices=("slo", "none"), default="slo",
+                           help="slo: every request carries the SLO as its deadline (timeout_ms), so a worker "
+                           "refuses at once what it can no longer make; none: no deadline, every request is served")
+    simulated.add_argument("--start", choices=("kubernetes", "local"), default="kubernetes",
+                           help="a new pod's start delay: kubernetes 2.3-6.3 s (image cached), local 1.3-3.5 s")
+    simulated.add_argument("--pause", choices=("eager", "none"), default="eager",
+                           help="eager: a stage whose consumers change pauses 0.1-1.0 s (a group rebalance); "
+                           "none: no pause (the bound a cooperative protocol, KIP-848, approaches)")
     simulated.add_argument("--sim-seconds", type=float, default=3600.0,
                            help="length of each generated trace (seconds)")
 
@@ -82,7 +90,9 @@ def _tuner(args: argparse.Namespace) -> Result:
     if args.simulated:  # the contenders in the simulated cluster: no broker
         traces = SCALE_KINDS if args.traces is None else args.traces
         return simulated_bench(args.pipelines or DEFAULT_PIPELINES, traces, trace_file=args.trace,
-                               seconds=args.sim_seconds, contenders=args.contenders or CONTENDERS, log=console.print)
+                               seconds=args.sim_seconds, contenders=args.contenders or CONTENDERS,
+                               deadline=args.deadline == "slo", start=args.start, pause=args.pause == "eager",
+                               log=console.print)
     if args.part == "planner":  # the planner and simulator alone: no broker
         return planner_bench(log=console.print)
     return on_broker(args, lambda kafka: tuner_bench(kafka, rate=args.rate, seconds=args.trace_seconds,
