@@ -33,7 +33,7 @@ def test_a_workload_lists_only_its_own_flags() -> None:
     assert _flags(workloads["passthrough"]) == common | broker | {"--records"}
     assert _flags(workloads["tuner"]) == common | broker | {
         "--part", "--rate", "--trace-seconds", "--slo-ms", "--rule", "--sim-repeats", "--simulated", "--trace",
-        "--pipelines", "--traces", "--contenders", "--sim-seconds"}
+        "--pipelines", "--traces", "--contenders", "--deadline", "--start", "--pause", "--sim-seconds"}
     assert _flags(workloads["chaos"]) == common | {"--minutes", "--nodes", "--seed", "--rate", "--gateways",
                                                     "--fault-every", "--pause-broker", "--no-pause-broker"}
     assert _flags(workloads["learn-selection"]) == common | broker
