@@ -54,8 +54,6 @@ PIPELINES = {"image-processing": 250.0, "cascade-emulated": 250.0, "social-media
 #: ``--pipelines image-processing`` for one, ~10)
 DEFAULT_PIPELINES = tuple(PIPELINES)
 TUNER = "tuner"
-#: the oracles' per-window counts of the pipeline x trace in hand (both oracles run on them)
-_COUNTS: dict[tuple[Any, ...], list[dict[str, int]]] = {}
 
 
 def _busiest(trace: Trace, window: float = 60.0) -> np.ndarray:
@@ -96,19 +94,21 @@ def plans(pipeline: str, trace: Trace, slo_ms: float, cfg: SimSettings) -> tuple
     return peak, start
 
 
-def run_contender(name: str, pipeline: str, trace: Trace, peak: Plan, start: Plan, cfg: SimSettings) -> Outcome:
+def run_contender(name: str, pipeline: str, trace: Trace, peak: Plan, start: Plan, cfg: SimSettings,
+                  sized: dict[str, list[dict[str, int]]] | None = None) -> Outcome:
+    """One contender's run; ``sized`` keeps the oracles' per-window counts between the two oracles of a
+    pipeline x trace (the costliest part of either)."""
     topology = load_topology(graphs.EXAMPLES / f"{pipeline}.yaml")
     options = stage_options(topology)
     a, s = trace.arrivals, trace.seconds
     if name == "static":
         return run_static(options, a, peak, cfg, s)
     if name.startswith("oracle"):
-        key = (pipeline, id(trace), cfg.slo_s, cfg.deadline_s)
-        if key not in _COUNTS:  # sized once for both oracles (the costliest part of either)
-            _COUNTS.clear()
-            _COUNTS[key] = oracle_counts(options, a, peak, cfg, s, ORACLE_PERCENTILE)
+        sized = {} if sized is None else sized
+        if "counts" not in sized:
+            sized["counts"] = oracle_counts(options, a, peak, cfg, s, ORACLE_PERCENTILE)
         late = LATE_S if name == "oracle-late" else None
-        return run_oracle(options, a, peak, cfg, s, counts=_COUNTS[key], late_s=late)
+        return run_oracle(options, a, peak, cfg, s, counts=sized["counts"], late_s=late)
     if name.startswith("keda"):
         return run_keda(topology, options, a, start, cfg, s, preset=name)
     return run_tuner(options, a, start, cfg, s, rule=name.removeprefix("tuner-") if "-" in name else "profile")
@@ -187,6 +187,7 @@ def simulated_bench(pipelines: Sequence[str] = DEFAULT_PIPELINES, traces: Sequen
     made = {name: at_scale(name, peak=peak, seconds=seconds, seed=seed + i) for i, name in enumerate(traces)}
     if trace_file is not None:
         made[Path(trace_file).stem] = load_trace(trace_file)
+    pause_s = PAUSE_S if pause else np.zeros(1)  # none: the bound a cooperative rebalance approaches
     prices_hw = {k: h.price_per_hour for k, h in hw.HARDWARE.items()}
     rows, plans_out, timelines = [], [], []
     # the arrival rate per minute of each trace, drawn by --plot against the contenders' consumers
@@ -194,8 +195,7 @@ def simulated_bench(pipelines: Sequence[str] = DEFAULT_PIPELINES, traces: Sequen
     wall = time.perf_counter()
     for pipeline in pipelines:
         slo_ms = PIPELINES[pipeline]
-        cfg = SimSettings(slo_s=slo_ms / 1000, start_s=START_S[start], pause_s=PAUSE_S if pause else np.zeros(1),
-                          seed=seed,
+        cfg = SimSettings(slo_s=slo_ms / 1000, start_s=START_S[start], pause_s=pause_s, seed=seed,
                           deadline_s=slo_ms / 1000 if deadline else None)
         for tname, trace in made.items():
             peak_plan, start_plan = plans(pipeline, trace, slo_ms, cfg)
@@ -207,9 +207,10 @@ def simulated_bench(pipelines: Sequence[str] = DEFAULT_PIPELINES, traces: Sequen
                                         for k, v in start_plan.stages.items()},
                               "partitions": start_plan.partitions})
             prices = {k: prices_hw[v.hardware] for k, v in peak_plan.stages.items()}
+            sized: dict[str, list[dict[str, int]]] = {}
             for name in contenders:
                 t0 = time.perf_counter()
-                out = run_contender(name, pipeline, trace, peak_plan, start_plan, cfg)
+                out = run_contender(name, pipeline, trace, peak_plan, start_plan, cfg, sized)
                 r = row(pipeline, tname, name, out, prices, cfg.slo_s)
                 r["wall_s"] = time.perf_counter() - t0
                 rows.append(r)
@@ -223,7 +224,7 @@ def simulated_bench(pipelines: Sequence[str] = DEFAULT_PIPELINES, traces: Sequen
     _print(rows)
     return {"workload": "tuner", "part": "simulated", "peak_rps": peak, "seconds": seconds, "start": start,
             "start_s": [float(START_S[start].min()), float(START_S[start].max())],
-            "pause_s": [float(PAUSE_S.min()), float(PAUSE_S.max())] if pause else [0.0, 0.0],
+            "pause_s": [float(pause_s.min()), float(pause_s.max())],
             "hop_ms": 5.0, "overhead_ms": 5.0,
             "deadline": "slo" if deadline else "none",
             "summary": summary(rows), "plans": plans_out, "rows": rows, "rates_per_minute": rates,

@@ -284,13 +284,7 @@ def _serve_epochs(reach: np.ndarray, part: np.ndarray, starts: np.ndarray, serve
             while i < end:
                 first = reach[queue[i]]
                 avail = max(free[k], serve_from[e])
-                j = i + 1
-                if first > avail:  # idle: served alone, at once
-                    begin = first
-                else:  # when it can, it takes what is queued, up to the max batch
-                    begin = avail
-                    while j < end and j - i < top and reach[queue[j]] <= avail:
-                        j += 1
+                begin = first if first > avail else avail  # idle: served alone, at once; else when it can
                 if begin >= hi:
                     break
                 if latest[queue[i]] < begin:  # refused: it cannot make its deadline even alone (no device time)
@@ -298,6 +292,10 @@ def _serve_epochs(reach: np.ndarray, part: np.ndarray, starts: np.ndarray, serve
                     departs[queue[i]] = np.inf
                     i += 1
                     continue
+                j = i + 1
+                if first <= avail:  # it takes what is queued, up to the max batch
+                    while j < end and j - i < top and reach[queue[j]] <= avail:
+                        j += 1
                 service = times[j - i] * factors[nbatch]
                 finish = begin + service + overheads[nbatch]
                 for q in range(i, j):
