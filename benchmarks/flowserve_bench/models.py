@@ -14,6 +14,10 @@ the same placement and two-lane workers, equally warm (flowserve's predictions s
 placement was given; LRU has none); **one model per worker**: how many dedicated workers the same
 arrivals would need (per model, enough workers that each runs batches no longer than half the SLO).
 Every action's time is its mean times a gamma jitter (CV 5%); the schedulers plan with the jitter's p99.
+Each cell also gets two **ceilings** (:mod:`flowserve_bench.models_bound`): the most requests answered in
+time with each copy lane scheduled offline, keeping the hottest models (the best an online scheduler can
+keep) or evicting as Belady's rule does (knowing every arrival), and so the most goodput over LRU's a
+scheduler could show; per models x s x workers, the highest load at which each still reaches 99.9%.
 The accounting and targets are :mod:`flowserve_bench.models_account`.
 """
 
@@ -41,6 +45,7 @@ from flowserve.models import (
 from flowserve.models.simulate import Outcome
 from flowserve_bench.common import console
 from flowserve_bench.models_account import ATTAINMENT, FLOWSERVE, LRU, models_targets, row, slices_of
+from flowserve_bench.models_bound import EVICTIONS, Eviction, bound
 
 SLO_S = 0.1
 JITTER_CV = 0.05
@@ -97,6 +102,20 @@ def highest_rate(catalogue: Catalogue, s: float, workers: int, contender: str, c
     return lo
 
 
+def bound_rate(catalogue: Catalogue, s: float, workers: int, cap: float, evict: Eviction, *, seconds: float,
+               seed: int = 0, steps: int = 6) -> float:
+    """The highest share of ``cap`` at which ``evict``'s ceiling (:mod:`flowserve_bench.models_bound`) still
+    answers 99.9% within the SLO: above it no such scheduler does."""
+    memory = int(MEMORY_SHARE * catalogue.total_bytes)
+    lo, hi = 0.1, 1.0
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        wl = poisson_zipf(len(catalogue), rate=mid * cap, seconds=seconds, s=s, seed=seed)
+        ok = bound(catalogue, wl, workers, memory, slo_s=SLO_S, evict=evict).attainment >= ATTAINMENT
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return lo
+
+
 def dedicated_workers(catalogue: Catalogue, popularity: np.ndarray, rate: float) -> int:
     """Workers one-model-per-worker serving needs: per model, its rate over what one worker of it serves
     within the SLO (batches of at most half the SLO, back to back), at least one each."""
@@ -133,12 +152,17 @@ def models_bench(models: Sequence[int] = (1000, 4000), zipf_s: Sequence[float] =
                     for name in (FLOWSERVE, LRU):
                         found[f"{name}_99.9pct_at_load"] = highest_rate(
                             catalogue, s, w, name, cap, seconds=2 * capacity_seconds, seed=seed + 1)
+                    for evict in EVICTIONS:
+                        found[f"{evict}_ceiling_99.9pct_at_load"] = bound_rate(
+                            catalogue, s, w, cap, evict, seconds=2 * capacity_seconds, seed=seed + 1)
                 capacities.append(found)
                 if log:
                     log(f"{m} models, s={s}, {w} workers: capacity {cap:.0f} req/s (all resident, "
                         f"{CAPACITY_ATTAINMENT:.0%} within {SLO_S * 1000:.0f} ms)" + (
                             f"; {ATTAINMENT:.1%} within up to {found[f'{FLOWSERVE}_99.9pct_at_load']:.0%} of it "
-                            f"(lru: {found[f'{LRU}_99.9pct_at_load']:.0%})" if highest else ""))
+                            f"(lru: {found[f'{LRU}_99.9pct_at_load']:.0%}; ceilings: online "
+                            f"{found['online_ceiling_99.9pct_at_load']:.0%}, clairvoyant "
+                            f"{found['clairvoyant_ceiling_99.9pct_at_load']:.0%})" if highest else ""))
                 for load in loads:
                     rate = load * cap
                     wl = poisson_zipf(m, rate=rate, seconds=seconds, s=s, seed=seed + 1)
@@ -157,13 +181,24 @@ def models_bench(models: Sequence[int] = (1000, 4000), zipf_s: Sequence[float] =
                     for name, more in extra.items():
                         r[name].update(more)
                     r["dedicated_workers"] = dedicated_workers(catalogue, wl.popularity, rate)
+                    # what the best online and clairvoyant schedulers reach on these arrivals (their goodput
+                    # over LRU's: the most a scheduler could show against it)
+                    r["ceilings"] = {}
+                    for evict in EVICTIONS:
+                        ceiling = bound(catalogue, wl, w, memory, slo_s=SLO_S, evict=evict)
+                        r["ceilings"][evict] = {
+                            "attainment": ceiling.attainment, "misses": ceiling.misses,
+                            "cold_requests": ceiling.cold_requests,
+                            "goodput_vs_lru": (ceiling.requests - ceiling.misses) / max(1, r[LRU]["within"])}
                     rows.append(r)
                     if log:
                         f, lru = r[FLOWSERVE], r[LRU]
                         log(f"  {load:.0%} ({rate:.0f} req/s): flowserve {f['attainment'][0]:.4%} within, late "
                             f"{f['late']}, refused {f['refused']}; lru {lru['attainment'][0]:.4%} within, late "
                             f"{lru['late']}; copy lane busy {f['copy_busy']:.0%} (lru {lru['copy_busy']:.0%}); "
-                            f"goodput x{f['goodput_vs_lru'][0]:.2f}; one model per worker: "
+                            f"goodput x{f['goodput_vs_lru'][0]:.2f}; ceilings: online "
+                            f"{r['ceilings']['online']['attainment']:.4%}, clairvoyant "
+                            f"{r['ceilings']['clairvoyant']['attainment']:.4%}; one model per worker: "
                             f"{r['dedicated_workers']} workers")
     _print(rows)
     return {"workload": "models", "simulated": True,
