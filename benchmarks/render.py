@@ -54,6 +54,8 @@ def fmt(v: Any) -> str:
     if isinstance(v, float):
         if v != v:
             return "n/a"
+        if v.is_integer() and 10_000 <= abs(v) < 1e12:  # a count that went through a median
+            return f"{int(v):,}"
         if v == 0 or 0.01 <= abs(v) < 10_000:
             return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
         return f"{v:.2e}"

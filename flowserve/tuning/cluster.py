@@ -16,7 +16,9 @@ stops the newest at once), and :class:`Cluster` runs the same stages, draws and 
   in progress finish). ``PAUSE_S``: uniform over [0.1, 1.0] s: a member learns of a rebalance at its next
   heartbeat (``heartbeat_interval_ms`` 1000, flowserve.kafka.settings) and the group resumes once the last
   has rejoined; measured here, adding 3 consumers to 4 or 2 to 2 left every request under 320 ms with no
-  stall visible (docs/benchmarks.md, same section), the low end of that range;
+  stall visible (docs/benchmarks.md, same section), the low end of that range, and plain consumers held
+  every record within 0.26 s of its send through a join and 0.35 s through a leave (``flowserve bench
+  tuner --part rebalance``, which also shows KIP-848's consumer protocol pausing moved partitions longer);
 - **partitions as a cap**: a stage serves with at most ``partitions`` consumers; more cost but idle;
 - **deadlines** (``deadline_s``, none by default): a request carrying one is refused at a stage whose
   consumer comes to it too late to make it even alone (the worker's SLO batch policy answers it with a

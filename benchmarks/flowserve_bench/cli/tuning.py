@@ -19,9 +19,10 @@ def register(workloads: Any) -> None:
                  "contenders at cluster scale in the simulated cluster, no broker; --part planner: how long "
                  "planning takes, no broker.")
     live = p.add_argument_group("live run")
-    live.add_argument("--part", choices=["tuner", "planner"],
+    live.add_argument("--part", choices=["tuner", "planner", "rebalance"],
                       help="run one section: tuner (the live contenders alone, no simulate section), planner "
-                      "(how long planning 2,000 and 10,000 req/s takes; no broker)")
+                      "(how long planning 2,000 and 10,000 req/s takes; no broker), rebalance (what a member "
+                      "joining or leaving a group costs, per group protocol; starts its own Apache Kafka)")
     live.add_argument("--rate", type=float, default=30.0, help="base request rate of the traces")
     live.add_argument("--trace-seconds", type=float, default=40.0, help="length of each trace")
     live.add_argument("--slo-ms", type=float, default=600.0, help="end-to-end SLO")
@@ -48,7 +49,8 @@ def register(workloads: Any) -> None:
                            help="a new pod's start delay: kubernetes 2.3-6.3 s (image cached), local 1.3-3.5 s")
     simulated.add_argument("--pause", choices=("eager", "none"), default="eager",
                            help="eager: a stage whose consumers change pauses 0.1-1.0 s (a group rebalance); "
-                           "none: no pause (the bound a cooperative protocol, KIP-848, approaches)")
+                           "none: no pause at all, a bound (KIP-848's consumer protocol does not approach it: "
+                           "--part rebalance)")
     simulated.add_argument("--sim-seconds", type=float, default=3600.0,
                            help="length of each generated trace (seconds)")
 
@@ -95,6 +97,10 @@ def _tuner(args: argparse.Namespace) -> Result:
                                log=console.print)
     if args.part == "planner":  # the planner and simulator alone: no broker
         return planner_bench(log=console.print)
+    if args.part == "rebalance":  # its brokers need the consumer protocol's heartbeat bounds: it starts them
+        from flowserve_bench.rebalance import rebalance_bench
+
+        return rebalance_bench(log=console.print)
     return on_broker(args, lambda kafka: tuner_bench(kafka, rate=args.rate, seconds=args.trace_seconds,
                                                      slo_ms=args.slo_ms, sim_rate=args.rate, only=args.part,
                                                      rule=args.rule, sim_repeats=args.sim_repeats))
