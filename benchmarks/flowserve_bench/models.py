@@ -88,18 +88,27 @@ def capacity(catalogue: Catalogue, s: float, workers: int, *, seconds: float, se
     return lo
 
 
+def _highest_share(catalogue: Catalogue, s: float, cap: float, meets: Callable[[Workload], bool], *,
+                   seconds: float, seed: int, steps: int) -> float:
+    """The highest share of ``cap`` (bisection between 10% and 100%) whose Poisson-Zipf arrivals ``meets``
+    accepts."""
+    lo, hi = 0.1, 1.0
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        wl = poisson_zipf(len(catalogue), rate=mid * cap, seconds=seconds, s=s, seed=seed)
+        lo, hi = (mid, hi) if meets(wl) else (lo, mid)
+    return lo
+
+
 def highest_rate(catalogue: Catalogue, s: float, workers: int, contender: str, cap: float, *, seconds: float,
                  seed: int = 0, steps: int = 6) -> float:
     """The highest share of ``cap`` at which ``contender`` with memory for :data:`MEMORY_SHARE` of the
     models answers the issue's 99.9% within the SLO (bisection between 10% and 100%)."""
     memory = int(MEMORY_SHARE * catalogue.total_bytes)
-    lo, hi = 0.1, 1.0
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        wl = poisson_zipf(len(catalogue), rate=mid * cap, seconds=seconds, s=s, seed=seed)
-        out = serve(catalogue, wl, workers, memory, contender, seed=seed)
-        lo, hi = (mid, hi) if out.within().mean() >= ATTAINMENT else (lo, mid)
-    return lo
+    return _highest_share(
+        catalogue, s, cap,
+        lambda wl: bool(serve(catalogue, wl, workers, memory, contender, seed=seed).within().mean() >= ATTAINMENT),
+        seconds=seconds, seed=seed, steps=steps)
 
 
 def bound_rate(catalogue: Catalogue, s: float, workers: int, cap: float, evict: Eviction, *, seconds: float,
@@ -107,13 +116,10 @@ def bound_rate(catalogue: Catalogue, s: float, workers: int, cap: float, evict: 
     """The highest share of ``cap`` at which ``evict``'s ceiling (:mod:`flowserve_bench.models_bound`) still
     answers 99.9% within the SLO: above it no such scheduler does."""
     memory = int(MEMORY_SHARE * catalogue.total_bytes)
-    lo, hi = 0.1, 1.0
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        wl = poisson_zipf(len(catalogue), rate=mid * cap, seconds=seconds, s=s, seed=seed)
-        ok = bound(catalogue, wl, workers, memory, slo_s=SLO_S, evict=evict).attainment >= ATTAINMENT
-        lo, hi = (mid, hi) if ok else (lo, mid)
-    return lo
+    return _highest_share(
+        catalogue, s, cap,
+        lambda wl: bound(catalogue, wl, workers, memory, slo_s=SLO_S, evict=evict).attainment >= ATTAINMENT,
+        seconds=seconds, seed=seed, steps=steps)
 
 
 def dedicated_workers(catalogue: Catalogue, popularity: np.ndarray, rate: float) -> int:

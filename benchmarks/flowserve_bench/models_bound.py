@@ -41,6 +41,7 @@ from typing import Literal
 import numpy as np
 
 from flowserve.models import Catalogue, Placement, Workload
+from flowserve.models.scheduler import Lanes
 
 #: a load: (release, relaxed deadline, seconds)
 Job = tuple[float, float, float]
@@ -65,19 +66,12 @@ class Bound:
 
 def resident_sets(catalogue: Catalogue, popularity: np.ndarray, holders: Mapping[str, Sequence[int]],
                   workers: int, memory: int) -> list[set[int]]:
-    """Per worker, the catalogue indices of the hottest of its models that fit in ``memory`` bytes (the
-    warm start :func:`flowserve_bench.models.serve` gives)."""
-    sets: list[set[int]] = []
-    hottest = np.argsort(-popularity, kind="stable")
-    for k in range(workers):
-        free, chosen = memory, set()
-        for i in map(int, hottest):
-            spec = catalogue[i]
-            if k in holders[spec.name] and spec.size_bytes <= free:
-                chosen.add(i)
-                free -= spec.size_bytes
-        sets.append(chosen)
-    return sets
+    """Per worker, the catalogue indices of the hottest of its models that fit in ``memory`` bytes: the warm
+    start :func:`flowserve_bench.models.serve` gives every contender, by the same rule (:meth:`Lanes.preload`)."""
+    index = {spec.name: i for i, spec in enumerate(catalogue)}
+    hottest = [catalogue[int(i)].name for i in np.argsort(-popularity, kind="stable")]
+    return [{index[name] for name in Lanes(catalogue, memory).preload([n for n in hottest if k in holders[n]])}
+            for k in range(workers)]
 
 
 def fewest_late(jobs: Sequence[Job]) -> int:

@@ -87,7 +87,6 @@ def one_run(bootstrap: str, name: str, settings: Mapping[str, Any]) -> dict[str,
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result()
     first: dict[int, float] = {}
     lock, stop, leave = threading.Lock(), threading.Event(), threading.Event()
-    clock = [time.monotonic()]
 
     def consume(k: int) -> None:
         c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": group, "client.id": f"c{k}",
@@ -96,7 +95,7 @@ def one_run(bootstrap: str, name: str, settings: Mapping[str, Any]) -> dict[str,
         c.subscribe([topic])
         while not stop.is_set() and not (k == 0 and leave.is_set()):
             batch = c.consume(500, 0.05)
-            now = time.monotonic() - clock[0]
+            now = time.monotonic()
             with lock:
                 for m in batch:
                     key = m.key()
@@ -110,7 +109,7 @@ def one_run(bootstrap: str, name: str, settings: Mapping[str, Any]) -> dict[str,
     time.sleep(8)  # the group forms before the clock starts
     producer = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "1"})
     sent: dict[int, tuple[float, int]] = {}
-    clock[0] = start = time.monotonic()
+    start = time.monotonic()
     i, joined = 0, False
     while (now := time.monotonic() - start) < END_S:
         while i < int(now * RATE):
@@ -130,17 +129,17 @@ def one_run(bootstrap: str, name: str, settings: Mapping[str, Any]) -> dict[str,
     stop.set()
     for t in threads:
         t.join(10)
-    with lock:
-        got = dict(first)
+    with lock:  # receipts from the run's start, as the send times are
+        got = {rid: t - start for rid, t in first.items()}
     return {"join": around(sent, got, JOIN_AT), "leave": around(sent, got, LEAVE_AT),
             "never_read": sum(1 for rid in sent if rid not in got)}
 
 
 def summarise(case: str, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """A case's row: per change the median late records over the runs and the worst latency of any."""
-    settings = CASES[case][1] if case in CASES else {}
+    broker_heartbeat, settings = CASES[case]
     # the heartbeat the case's members run with: the classic protocol's own, the consumer protocol's broker's
-    heartbeat = settings.get("heartbeat.interval.ms", CASES[case][0] if case in CASES else None)
+    heartbeat = settings.get("heartbeat.interval.ms", broker_heartbeat)
     row: dict[str, Any] = {"case": case, "heartbeat_ms": heartbeat, "runs": len(runs)}
     for change in ("join", "leave"):
         parts: list[Change] = [r[change] for r in runs]
