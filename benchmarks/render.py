@@ -29,7 +29,7 @@ ROWS = {"tuner-simulated": 20, "plan-objectives": 12}
 MAIN = {"broker": "throughput_over_kafka", "tuner-simulated": "summary", "chaos": "memory_mib"}
 #: per result file, what stays in the JSON alone
 LEAVE_OUT = {"chaos": {"faults", "lost_ids", "reasons"}, "parity": {"notes"}, "parity-emulated": {"notes"},
-             "tuner-simulated": {"timelines", "rates_per_minute"}}
+             "tuner-simulated": {"timelines", "rates_per_minute"}, "hop-cpu": {"loads"}}
 #: columns of one table at most (the first ones in the bench's own order)
 MAX_COLS = 9
 
@@ -159,8 +159,26 @@ def section(doc: dict[str, Any], name: str) -> list[str]:
         lines += ["", "Throughput, flowserve / the other server (95% interval), the p99 ratio and flowserve's "
                   "worker CPU per request per stage, per level:", "",
                   *table(against_rows(result), label="broker / topology")]
+    if result.get("workload") == "hop-cpu":
+        lines += ["", "Worker CPU per record per hop (µs, from /proc), this code / the earlier commit's (95% "
+                  "interval), and the floors, relays that only pass records on (`floor_*`):", "",
+                  *table(hop_rows(result))]
     lines += tables_of(result, LEAVE_OUT.get(name, set()), MAIN.get(name), ROWS.get(name, MAX_ROWS))
     return lines + [""]
+
+
+def hop_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """``flowserve bench hop-cpu``: a row per level: the CPU and throughput ratios, each side's CPU per record
+    per hop, and each floor's."""
+    rows = []
+    for load in result.get("loads") or []:
+        row = {"load": load["load"], "cpu now / before": load["cpu_ratio"],
+               "throughput now / before": load["throughput_ratio"]}
+        for key, figures in load.items():
+            if isinstance(figures, dict) and "cpu_us_per_record_per_hop" in figures:
+                row[key] = figures["cpu_us_per_record_per_hop"]
+        rows.append(row)
+    return rows
 
 
 def against_rows(result: dict[str, Any]) -> list[dict[str, Any]]:

@@ -12,10 +12,14 @@ side's worker processes' CPU (user + system, from /proc) is read around each of 
 
 The figure is CPU seconds of a side's workers / (records answered x stages), per level; the ratio
 now / before comes with a 95% bootstrap interval over slice pairs (:func:`flowserve_bench.paired.sum_ratio`).
+Each round also drives two chains of bare relays as long as the pipeline, on librdkafka and on aiokafka
+(:mod:`flowserve_bench.hop_floor`): the floor, the least a hop costs from Python on each client before any of
+flowserve's work.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -29,9 +33,12 @@ from typing import Any
 
 from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology import load_topology
+from flowserve.wire.envelope import make_headers, new_request_id, new_traceparent
+from flowserve.wire.tensors import encode_tensors
 from flowserve_bench.against import stop_process
 from flowserve_bench.common import console
 from flowserve_bench.hop_cpu_targets import targets
+from flowserve_bench.hop_floor import CLIENTS, Floor
 from flowserve_bench.load import Target, closed_slice, request_body
 from flowserve_bench.paired import Slice, sum_ratio, summary
 from flowserve_bench.procs import cpu_of, with_children
@@ -81,6 +88,19 @@ def checkout(ref: str) -> Iterator[Path]:
         subprocess.run([*git, "worktree", "remove", "--force", str(folder)], check=False, capture_output=True)
 
 
+def start_floor(kafka: KafkaSettings, client: str, spec: Any, tensors: Any) -> Floor:
+    """A floor's relays on ``client``, one per stage, driven with records the size of the pipeline's inputs
+    and the headers a request enters with."""
+    headers = make_headers(new_request_id(), topology=spec.name, deadline_ms=2**41, traceparent=new_traceparent())
+    floor = Floor(kafka, client, len(spec.nodes), spec.spec.partitions, encode_tensors(tensors), headers)
+    try:
+        floor.ready()
+    except BaseException:
+        floor.close()
+        raise
+    return floor
+
+
 def renamed(path: Path, name: str) -> Path:
     """A copy of the topology file ``path`` whose ``name:`` is ``name``, beside it."""
     text, count = re.subn(r"(?m)^name:.*$", f"name: {name}", path.read_text(), count=1)
@@ -103,14 +123,19 @@ def start_side(name: str, tree: Path, topology: Path, kafka: KafkaSettings, port
 
 
 async def measure(sides: list[Side], requests: list[tuple[bytes, dict[str, str]]], levels: tuple[int, ...], *,
-                  rounds: int, slice_s: float) -> list[dict[str, Any]]:
-    """Every level: a warm-up slice a side, then ``rounds`` slice pairs, the sides taking turns."""
+                  rounds: int, slice_s: float, floors: list[Floor] | None = None) -> list[dict[str, Any]]:
+    """Every level: a warm-up slice a side, then ``rounds`` slice pairs, the sides taking turns, each round
+    followed by a slice of each floor's relays."""
+    floors = floors or []
     rows = []
     for c in levels:
         label = f"c{c}"
         for side in sides:
             await closed_slice(side.target, requests, c, min(2.0, slice_s))
             side.slices[label], side.cpu_s[label] = [], []
+        floor_slices: dict[str, list[tuple[int, float, float]]] = {f.client: [] for f in floors}
+        for floor in floors:
+            await asyncio.to_thread(floor.slice, c, min(2.0, slice_s))
         for k in range(rounds):
             for side in (sides if k % 2 == 0 else sides[::-1]):
                 pids = side.workers()
@@ -118,16 +143,29 @@ async def measure(sides: list[Side], requests: list[tuple[bytes, dict[str, str]]
                 piece, _ = await closed_slice(side.target, requests, c, slice_s)
                 side.cpu_s[label].append(cpu_of(pids) - before)
                 side.slices[label].append(piece)
-        rows.append(row := level_row(label, sides))
+            for floor in floors:
+                floor_slices[floor.client].append(await asyncio.to_thread(floor.slice, c, slice_s))
+        rows.append(row := level_row(label, sides, floor_slices))
         console.print(f"  {label:<5} " + "  ".join(
             f"{s.name} {row[s.name]['throughput_rps']:.0f} req/s, {row[s.name]['cpu_us_per_record_per_hop']:.0f} "
             f"µs/record/hop" for s in sides) + f"  | now / before {row['cpu_ratio'][0]:.2f} "
-            f"[{row['cpu_ratio'][1]:.2f}, {row['cpu_ratio'][2]:.2f}]")
+            f"[{row['cpu_ratio'][1]:.2f}, {row['cpu_ratio'][2]:.2f}]"
+            + "".join(f"  | floor {f.client} {row[f'floor_{f.client}']['cpu_us_per_record_per_hop']:.0f} µs"
+                      for f in floors))
     return rows
 
 
-def level_row(label: str, sides: list[Side]) -> dict[str, Any]:
-    """One level: the ratios now / before (CPU per record per hop, throughput), then each side's figures."""
+def floor_row(slices: list[tuple[int, float, float]], stages: int) -> dict[str, float]:
+    """The floor's figures over its slices (records out, seconds, relays' CPU seconds) at one level."""
+    records, seconds, cpu_s = (sum(x[i] for x in slices) for i in range(3))
+    return {"cpu_us_per_record_per_hop": round(cpu_s / max(records * stages, 1) * 1e6, 1),
+            "throughput_rps": round(records / seconds, 2) if seconds else 0.0}
+
+
+def level_row(label: str, sides: list[Side],
+              floors: dict[str, list[tuple[int, float, float]]] | None = None) -> dict[str, Any]:
+    """One level: the ratios now / before (CPU per record per hop, throughput), then each side's figures and
+    the floor's."""
     now, before = sides
     work = [[x.requests * s.stages for x in s.slices[label]] for s in sides]
     seconds = [[x.seconds for x in s.slices[label]] for s in sides]
@@ -140,13 +178,17 @@ def level_row(label: str, sides: list[Side]) -> dict[str, Any]:
         stats = summary(s.slices[label]) if sum(records) else {"throughput_rps": 0.0}
         row[s.name] = {"cpu_us_per_record_per_hop": round(sum(s.cpu_s[label]) / max(sum(records), 1) * 1e6, 1),
                        **{k: round(stats[k], 2) for k in ("throughput_rps", "p50_ms", "p99_ms") if k in stats}}
+    for client, slices in (floors or {}).items():
+        row[f"floor_{client}"] = floor_row(slices, now.stages)
     return row
 
 
 async def hop_cpu(kafka: KafkaSettings, *, before: str = BEFORE, topology: Path = REPO / "topologies/digits.yaml",
                   levels: tuple[int, ...] = (1, 8, 32, 128), rounds: int = 4, slice_s: float = 2.0,
-                  ports: tuple[int, int] = (18370, 18371), env: dict[str, str] | None = None) -> dict[str, Any]:
-    """The bench; ``env``: settings for this code's side only (``FLOWSERVE_WORKER_CLIENT=librdkafka``)."""
+                  ports: tuple[int, int] = (18370, 18371), env: dict[str, str] | None = None,
+                  floor: bool = True) -> dict[str, Any]:
+    """The bench; ``env``: settings for this code's side only (``FLOWSERVE_WORKER_CLIENT=librdkafka``);
+    ``floor``: drive the bare relays too (needs confluent-kafka)."""
     found = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", f"{before}^{{commit}}"],
                            capture_output=True, text=True)
     if found.returncode:
@@ -168,7 +210,14 @@ async def hop_cpu(kafka: KafkaSettings, *, before: str = BEFORE, topology: Path 
                           f"{before} ({sha}), one broker at {kafka.bootstrap}; waiting for both to answer…")
             for side in sides:
                 await side.target.ready(requests[0], timeout_s=180.0)
-            rows = await measure(sides, requests, levels, rounds=rounds, slice_s=slice_s)
+            floors: list[Floor] = []
+            try:
+                for client in CLIENTS if floor else ():
+                    floors.append(await asyncio.to_thread(start_floor, kafka, client, spec, inputs[0]))
+                rows = await measure(sides, requests, levels, rounds=rounds, slice_s=slice_s, floors=floors)
+            finally:
+                for relays in floors:
+                    await asyncio.to_thread(relays.close)
         finally:
             for side in sides:
                 await side.target.close()

@@ -8,27 +8,28 @@ names. librdkafka speaks the protocol in C threads; what stays in Python is a ca
 delivery report, and a tuple per record read (``WorkerSettings.client`` says what that costs).
 
 Every blocking consumer call (``consume``, ``commit``, ``close``) runs on the consumer's one thread
-(:class:`_Owner`), so no two overlap. librdkafka calls the rebalance callbacks there, inside ``consume``;
-they run the worker's async listener on the event loop and wait for it, making the calls it asks for
-meanwhile (a drain's commit) on the same thread, as aiokafka waits for its listener. A thread of the
-producer's serves its delivery reports; each batch :meth:`RdOutbox.send` hands over resolves one future on
-the event loop once every record of it is reported delivered (or at the first failure).
+(:class:`~flowserve.kafka.owner_thread.OwnerThread`), so no two overlap. librdkafka calls the rebalance
+callbacks there, inside ``consume``; they run the worker's async listener on the event loop and wait for it,
+making the calls it asks for meanwhile (a drain's commit) on the same thread, as aiokafka waits for its
+listener. A thread of the producer's serves its delivery reports; each batch :meth:`RdOutbox.send` hands
+over resolves one future on the event loop once every record of it is reported delivered (or at the first
+failure).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import itertools
 import logging
-import queue
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any, NamedTuple
 
 import confluent_kafka as ck
 from aiokafka import TopicPartition
 from aiokafka import errors as ae
+
+from flowserve.kafka.owner_thread import OwnerThread
 
 log = logging.getLogger("flowserve.librdkafka")
 
@@ -72,49 +73,13 @@ def error_of(err: ck.KafkaError) -> ae.KafkaError:
     return exc
 
 
-class _Owner(threading.Thread):
-    """The one thread that makes the consumer's blocking calls, in the order they were asked for."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name=name, daemon=True)
-        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
-
-    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._calls.put((fn, args, kwargs, done))
-        return asyncio.wrap_future(done)
-
-    def run(self) -> None:
-        self.serve(None)
-
-    def serve(self, until: concurrent.futures.Future[Any] | None) -> None:
-        """Make the calls asked for until ``until`` is done (None: until :meth:`finish`)."""
-        if until is not None:
-            until.add_done_callback(lambda _: self._calls.put(until))
-        while True:
-            item = self._calls.get()
-            if item is None or item is until:
-                return
-            if isinstance(item, concurrent.futures.Future):
-                continue  # the wake-up of an earlier serve that already returned
-            fn, args, kwargs, done = item
-            if done.set_running_or_notify_cancel():
-                try:
-                    done.set_result(fn(*args, **kwargs))
-                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                    done.set_exception(exc)
-
-    def finish(self) -> None:
-        self._calls.put(None)
-
-
 class RdConsumer:
     """A group consumer on librdkafka with the part of ``AIOKafkaConsumer``'s interface the worker uses."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self._config = config
         self._c: ck.Consumer | None = None
-        self._owner = _Owner(f"rdkafka-consumer-{config.get('client.id', '')}")
+        self._owner = OwnerThread(f"rdkafka-consumer-{config.get('client.id', '')}")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: Any = None
         self._assigned: set[TopicPartition] = set()

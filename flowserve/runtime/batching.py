@@ -222,13 +222,15 @@ class SLOPolicy(BatchPolicy):
         window = self.window
         if len(deadlines) > window:
             deadlines = deadlines[:window]
-        p99, p50, top = self.profile.p99, self.profile.p50, self.max_batch
+        top = self.max_batch
+        most = min(top, len(deadlines))  # the largest batch this plan can take
+        p99, p50 = self.profile.curve(99, most), self.profile.curve(50, most)
         budget, over = self.budget, self.overhead_s
         after_ms = (budget.reserve_s + budget.downstream_s) * 1000
         # Earliest finish of the request at kept position k, were the queue worked in full batches at their
         # median (the fastest FIFO can go): full batches ahead, then its own batch of what remains.
-        full_ms = ((p50(top) or 0.0) + over) * 1000
-        part_ms = [0.0, *(((p50(b) or 0.0) + over) * 1000 for b in range(1, min(top, len(deadlines)) + 1))]
+        full_ms = ((self.profile.p50(top) or 0.0) + over) * 1000
+        part_ms = [0.0, *((p50[b] + over) * 1000 for b in range(1, most + 1))]
         refuse: dict[int, str] = {}
         doomed: dict[int, str] = {}
         local: list[float] = []  # node-deadlines of the requests kept, in FIFO order
@@ -259,7 +261,7 @@ class SLOPolicy(BatchPolicy):
         best, earliest = 1, local[0]
         for size in range(2, cap + 1):
             earliest = min(earliest, local[size - 1])
-            if now_ms + ((p99(size) or 0.0) + over) * 1000 > earliest:
+            if now_ms + (p99[size] + over) * 1000 > earliest:
                 break
             best = size
         if best < cap:
@@ -279,13 +281,14 @@ class SLOPolicy(BatchPolicy):
     def _misses(self, local: list[float], first: int, now_ms: float) -> int:
         """Predicted deadline misses over ``local`` when the next batch is ``first`` requests (at its p99)
         and the rest follow in full batches (at their p50). O(len(local))."""
-        p99, p50, top, over = self.profile.p99, self.profile.p50, self.max_batch, self.overhead_s
-        t = now_ms + ((p99(first) or 0.0) + over) * 1000
+        top, over = self.max_batch, self.overhead_s
+        p99, p50 = self.profile.curve(99, first), self.profile.curve(50, min(top, len(local)))
+        t = now_ms + (p99[first] + over) * 1000
         misses = sum(1 for d in local[:first] if d < t)
         pos, n = first, len(local)
         while pos < n:
             size = min(top, n - pos)
-            t += ((p50(size) or 0.0) + over) * 1000
+            t += (p50[size] + over) * 1000
             misses += sum(1 for d in local[pos:pos + size] if d < t)
             pos += size
         return misses

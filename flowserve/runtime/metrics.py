@@ -106,13 +106,13 @@ class NodeMetrics:
             self._size.record(size)
             self._exec.record(seconds * 1000)
 
-    #: An OTel histogram record is dear next to a request's work: a batch of thousands records this many
-    #: evenly spaced samples.
-    WAIT_SAMPLES = 16
+    #: An OTel histogram record is dear next to a request's work (about as dear as the rest of a record's
+    #: intake): a batch records at most this many evenly spaced samples of its waits.
+    WAIT_SAMPLES = 4
 
     def queue_wait(self, waits_ms: list[float]) -> None:
         if self._wait is not None and waits_ms:
-            step = max(1, len(waits_ms) // self.WAIT_SAMPLES)
+            step = -(-len(waits_ms) // self.WAIT_SAMPLES)
             for w in waits_ms[::step]:
                 self._wait.record(max(0.0, w))
 

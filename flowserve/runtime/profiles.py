@@ -59,6 +59,8 @@ class ExecProfile:
         self.seed_p50: dict[int, float] = _positive(seed_p50)
         self._runs: dict[int, deque[float]] = {}
         self._tables: dict[int, tuple[list[int], list[float]]] = {}
+        #: q -> predictions by batch size (index = size), extended as planning asks; rebuilt with the tables
+        self._curves: dict[int, list[float]] = {}
         self._built_at = 0.0  # time.monotonic() of the tables' build
         self._stale = False  # measurements arrived since the tables were built (see _build)
         self._pct: dict[tuple[int, int], float] = {}  # (size, q) -> percentile of that size's window
@@ -135,7 +137,7 @@ class ExecProfile:
 
     def _build(self, q: int) -> tuple[list[int], list[float]]:
         if self._stale and time.monotonic() - self._built_at >= self.refresh_s:
-            self._stale, self._tables = False, {}
+            self._stale, self._tables, self._curves = False, {}, {}
         table = self._tables.get(q)
         if table is None:
             with self._lock:
@@ -160,6 +162,19 @@ class ExecProfile:
     def p50(self, size: int) -> float | None:
         """Predicted median execution time (seconds) of a batch of ``size``; None when nothing is known."""
         return self._predict(50, size)
+
+    def curve(self, q: int, upto: int) -> list[float]:
+        """Predicted ``q``-th percentile seconds for every batch size from 0 to ``upto`` (index = size; 0.0
+        where nothing is known). The batch planner reads a prediction per candidate size on every step:
+        interpolating each one was a tenth of a small stage's worker CPU at high load (flowserve bench
+        hop-cpu), where a list lookup costs next to nothing."""
+        sizes, values = self._build(q)  # first: a rebuild drops the curves
+        curve = self._curves.get(q)
+        if curve is None:
+            curve = self._curves[q] = [0.0]
+        if len(curve) <= upto:
+            curve.extend(_interpolate(sizes, values, b) if sizes else 0.0 for b in range(len(curve), upto + 1))
+        return curve
 
     def _predict(self, q: int, size: int) -> float | None:
         sizes, values = self._build(q)

@@ -55,3 +55,13 @@ async def test_a_commit_this_clone_lacks_is_a_clear_error() -> None:
 
     with pytest.raises(SystemExit, match="'no-such-ref' is not in .*git fetch --unshallow"):
         await hop_cpu(KafkaSettings(bootstrap="127.0.0.1:1"), before="no-such-ref")
+
+
+def test_the_floor_is_relay_cpu_over_records_times_hops() -> None:
+    from flowserve_bench.hop_cpu import floor_row
+
+    # two slices: 300 records in 2 s with 0.09 CPU-s, 100 in 2 s with 0.03: 0.12 s / (400 x 3 hops)
+    assert floor_row([(300, 2.0, 0.09), (100, 2.0, 0.03)], stages=3) == {
+        "cpu_us_per_record_per_hop": 100.0, "throughput_rps": 100.0}
+    # nothing came out: no division by zero, nothing claimed
+    assert floor_row([(0, 2.0, 0.01)], stages=3)["throughput_rps"] == 0.0

@@ -58,6 +58,17 @@ def test_interpolates_between_profiled_sizes_and_extrapolates_per_item_beyond() 
     assert profile.p99(64) == pytest.approx(0.020)  # 64/32 of the largest: batching assumed no cheaper
 
 
+def test_the_planners_curve_is_the_point_predictions_and_follows_new_runs() -> None:
+    profile = ExecProfile({1: 0.001, 8: 0.004}, seed_p50={1: 0.0008})
+    for q, point in ((99, profile.p99), (50, profile.p50)):
+        assert profile.curve(q, 20) == [0.0, *(point(b) for b in range(1, 21))]
+    assert len(profile.curve(99, 3)) == 21  # a shorter ask reuses what was built
+    for _ in range(20):
+        profile.observe(2, 0.05)  # live runs at size 2 replace the seeds (refresh_s = 0: at once)
+    assert profile.curve(99, 20)[2] == pytest.approx(profile.p99(2)) == pytest.approx(0.05)
+    assert ExecProfile().curve(99, 4) == [0.0] * 5  # nothing known: no time predicted
+
+
 def test_predictions_never_fall_with_batch_size() -> None:
     profile = ExecProfile({1: 0.005, 2: 0.003, 4: 0.006})
     # figures that disagree are pooled (isotonic regression), not the larger one carried upwards
