@@ -5,8 +5,8 @@ acknowledgement and commits (at most every 100 ms, as a worker does), and nothin
 ``process``, no bookkeeping. Three kinds, which part a hop's cost apart:
 
 - ``librdkafka``: confluent-kafka's own batch loop on one thread (``poll`` for the first record, a
-  non-blocking ``consume`` for the rest, a ``produce`` per record, ``flush``), with the settings of
-  flowserve's librdkafka data plane: the least a hop costs from Python;
+  non-blocking ``consume`` for the rest, a ``produce`` per record, ``flush``, which sends them at once), with
+  the settings of flowserve's librdkafka data plane: the least a hop costs from Python;
 - ``plane-aiokafka`` and ``plane-librdkafka``: the same loop on an event loop through the consumer, producer
   and outbox a stage worker gets (:func:`flowserve.kafka.clients.make_data_plane`) on each client: what
   the data plane costs before the worker's own work (decoding, ``process``, encoding, bookkeeping).
@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from flowserve.kafka.clients import LINGER_MS, MAX_IN_FLIGHT
 from flowserve.kafka.settings import KafkaSettings
 from flowserve_bench.procs import cpu_of
 
@@ -54,8 +55,8 @@ def relay_librdkafka(kafka: KafkaSettings, source: str, sink: str, group: str) -
     consumer = ck.Consumer({**config, "group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest",
                             "enable.partition.eof": False, "fetch.wait.max.ms": kafka.fetch_max_wait_ms,
                             "fetch.queue.backoff.ms": 10})
-    producer = ck.Producer({**config, "acks": "all", "enable.idempotence": kafka.idempotence, "linger.ms": 0,
-                            "max.in.flight": 5})
+    producer = ck.Producer({**config, "acks": "all", "enable.idempotence": kafka.idempotence, "linger.ms": LINGER_MS,
+                            "max.in.flight": MAX_IN_FLIGHT})
     consumer.subscribe([source])
     last = 0.0
     while not stop[0]:

@@ -34,12 +34,15 @@ OVERHEAD = 64 * 1024
 #: a broker fault this stalled a partition for minutes (the freeze-leader test); the Java client fixed the
 #: same loop in KAFKA-9535. One metadata request per client every 10 s is the bound's price.
 METADATA_MAX_AGE_MS = 10_000
-#: librdkafka producers: requests in flight per broker connection. With linger.ms=0 librdkafka sends a request
-#: as soon as a record is queued, so with no bound (its default, 1,000,000 without idempotence) a batch of
-#: records leaves as many tiny requests: 25-45k records/s where 5 gives 200-280k (100-byte records, acks=all,
-#: Apache Kafka, one producer). Records queued while 5 are in flight wait and leave together: batching that
-#: costs no latency when idle. 5 is also the most idempotence allows.
+#: librdkafka producers: requests in flight per broker connection. Sending as soon as a record was queued
+#: (linger.ms 0) with no bound (its default, 1,000,000 without idempotence), a batch of records left as many
+#: tiny requests: 25-45k records/s where 5 gave 200-280k (100-byte records, acks=all, Apache Kafka, one
+#: producer). 5 is also the most idempotence allows.
 MAX_IN_FLIGHT = 5
+#: librdkafka producers: how long a record may wait for others to fill its request. The worker's producer
+#: sends each batch handed over at once by flushing (flowserve.kafka.librdkafka.RdProducer), so this only
+#: bounds a record queued while a flush was already ending.
+LINGER_MS = 5
 
 
 def make_consumer(kafka: KafkaSettings, worker: WorkerSettings, *, group_id: str | None,
@@ -125,7 +128,8 @@ def make_data_plane(kafka: KafkaSettings, worker: WorkerSettings, *, group_id: s
         "acks": str(worker.acks),
         # Idempotence needs acks=all; with it a send retried after a leader change is not written twice.
         "enable.idempotence": kafka.idempotence and worker.acks == "all",
-        "linger.ms": 0,
+        # a batch handed over leaves at once (RdProducer's flush); the wait bounds a record queued meanwhile
+        "linger.ms": LINGER_MS,
         "max.in.flight": MAX_IN_FLIGHT,
         "batch.size": max(worker.producer_batch_bytes, max_message_bytes + OVERHEAD),
         "message.max.bytes": max_message_bytes + OVERHEAD,
