@@ -12,9 +12,9 @@ side's worker processes' CPU (user + system, from /proc) is read around each of 
 
 The figure is CPU seconds of a side's workers / (records answered x stages), per level; the ratio
 now / before comes with a 95% bootstrap interval over slice pairs (:func:`flowserve_bench.paired.sum_ratio`).
-Each round also drives two chains of bare relays as long as the pipeline, on librdkafka and on aiokafka
-(:mod:`flowserve_bench.hop_floor`): the floor, the least a hop costs from Python on each client before any of
-flowserve's work.
+Each round also drives three chains of relays as long as the pipeline (:mod:`flowserve_bench.hop_floor`):
+confluent-kafka's bare loop, and the same loop through a worker's data plane on each client. These floors say
+what a hop costs in the client and in the plane before any of the worker's own work.
 """
 
 from __future__ import annotations
@@ -185,10 +185,8 @@ def level_row(label: str, sides: list[Side],
 
 async def hop_cpu(kafka: KafkaSettings, *, before: str = BEFORE, topology: Path = REPO / "topologies/digits.yaml",
                   levels: tuple[int, ...] = (1, 8, 32, 128), rounds: int = 4, slice_s: float = 2.0,
-                  ports: tuple[int, int] = (18370, 18371), env: dict[str, str] | None = None,
-                  floor: bool = True) -> dict[str, Any]:
-    """The bench; ``env``: settings for this code's side only (``FLOWSERVE_WORKER_CLIENT=librdkafka``);
-    ``floor``: drive the bare relays too (needs confluent-kafka)."""
+                  ports: tuple[int, int] = (18370, 18371), env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The bench; ``env``: settings for this code's side only (``FLOWSERVE_WORKER_CLIENT=librdkafka``)."""
     found = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", f"{before}^{{commit}}"],
                            capture_output=True, text=True)
     if found.returncode:
@@ -212,7 +210,7 @@ async def hop_cpu(kafka: KafkaSettings, *, before: str = BEFORE, topology: Path 
                 await side.target.ready(requests[0], timeout_s=180.0)
             floors: list[Floor] = []
             try:
-                for client in CLIENTS if floor else ():
+                for client in CLIENTS:
                     floors.append(await asyncio.to_thread(start_floor, kafka, client, spec, inputs[0]))
                 rows = await measure(sides, requests, levels, rounds=rounds, slice_s=slice_s, floors=floors)
             finally:
