@@ -12,9 +12,10 @@ side's worker processes' CPU (user + system, from /proc) is read around each of 
 
 The figure is CPU seconds of a side's workers / (records answered x stages), per level; the ratio
 now / before comes with a 95% bootstrap interval over slice pairs (:func:`flowserve_bench.paired.sum_ratio`).
-Each round also drives three chains of relays as long as the pipeline (:mod:`flowserve_bench.hop_floor`):
-confluent-kafka's bare loop, and the same loop through a worker's data plane on each client. These floors say
-what a hop costs in the client and in the plane before any of the worker's own work.
+Each round also drives four chains of relays as long as the pipeline (:mod:`flowserve_bench.hop_floor`):
+confluent-kafka's bare loop, the same loop through a worker's data plane on each client, and a relay whose
+Kafka work stays in C (:mod:`flowserve_bench.hop_native`, skipped with the reason where it cannot be built).
+These floors say what a hop costs in the client and in the plane before any of the worker's own work.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology import load_topology
 from flowserve.wire.envelope import make_headers, new_request_id, new_traceparent
 from flowserve.wire.tensors import encode_tensors
+from flowserve_bench import hop_native
 from flowserve_bench.against import stop_process
 from flowserve_bench.common import console
 from flowserve_bench.hop_cpu_targets import targets
@@ -211,6 +213,12 @@ async def hop_cpu(kafka: KafkaSettings, *, before: str = BEFORE, topology: Path 
             floors: list[Floor] = []
             try:
                 for client in CLIENTS:
+                    if client == "native":
+                        try:
+                            await asyncio.to_thread(hop_native.build)
+                        except hop_native.NativeUnavailable as exc:
+                            console.print(f"no native floor: {exc}")
+                            continue
                     floors.append(await asyncio.to_thread(start_floor, kafka, client, spec, inputs[0]))
                 rows = await measure(sides, requests, levels, rounds=rounds, slice_s=slice_s, floors=floors)
             finally:

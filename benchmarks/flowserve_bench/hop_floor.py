@@ -2,14 +2,17 @@
 
 A relay reads a record, writes it to the next topic with its key and headers, waits for the broker's
 acknowledgement and commits (at most every 100 ms, as a worker does), and nothing else: no decoding, no
-``process``, no bookkeeping. Three kinds, which part a hop's cost apart:
+``process``, no bookkeeping. Four kinds, which part a hop's cost apart:
 
 - ``librdkafka``: confluent-kafka's own batch loop on one thread (``poll`` for the first record, a
   non-blocking ``consume`` for the rest, a ``produce`` per record, ``flush``, which sends them at once), with
-  the settings of flowserve's librdkafka data plane: the least a hop costs from Python;
+  the settings of flowserve's librdkafka data plane (:func:`librdkafka_configs`): the least a hop costs
+  from Python on a published client;
 - ``plane-aiokafka`` and ``plane-librdkafka``: the same loop on an event loop through the consumer, producer
   and outbox a stage worker gets (:func:`flowserve.kafka.clients.make_data_plane`) on each client: what
-  the data plane costs before the worker's own work (decoding, ``process``, encoding, bookkeeping).
+  the data plane costs before the worker's own work (decoding, ``process``, encoding, bookkeeping);
+- ``native``: the same loop on an event loop with the Kafka work in C a batch per call, woken by a file
+  descriptor (:mod:`flowserve_bench.hop_native`): what a hop would cost on a binding built for the plane.
 
 As many relays as the topology has stages form a chain on the same broker, in the same run, and a closed
 loop in the bench drives it at each level's concurrency, with records of the pipeline's input size and the
@@ -29,15 +32,17 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from flowserve.kafka.clients import LINGER_MS, MAX_IN_FLIGHT
-from flowserve.kafka.settings import KafkaSettings
+from flowserve.kafka.clients import librdkafka_consumer_config, librdkafka_producer_config
+from flowserve.kafka.settings import KafkaSettings, WorkerSettings
 from flowserve_bench.procs import cpu_of
 
 #: the relays commit at most this often, as a worker does (WorkerSettings.commit_interval_ms)
 COMMIT_EVERY_S = 0.1
 #: how long the relays may take to join their groups before the floor is given up
 READY_S = 60.0
-CLIENTS = ("librdkafka", "plane-aiokafka", "plane-librdkafka")
+#: the largest record the relays' clients are sized for, as a worker's are for its topology's default
+MAX_MESSAGE_BYTES = 1_048_576
+CLIENTS = ("librdkafka", "plane-aiokafka", "plane-librdkafka", "native")
 
 
 def _on_term() -> list[bool]:
@@ -46,17 +51,25 @@ def _on_term() -> list[bool]:
     return stop
 
 
+def librdkafka_configs(kafka: KafkaSettings, group: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A relay's consumer and producer settings: a stage worker's on librdkafka (the same functions build
+    both), so the floors move when the plane's settings do."""
+    worker = WorkerSettings()
+    return (librdkafka_consumer_config(kafka, worker, group_id=group, max_message_bytes=MAX_MESSAGE_BYTES,
+                                       client_id=group),
+            librdkafka_producer_config(kafka, worker, max_message_bytes=MAX_MESSAGE_BYTES, client_id=group))
+
+
 def relay_librdkafka(kafka: KafkaSettings, source: str, sink: str, group: str) -> None:
     """The librdkafka relay's loop, until SIGTERM."""
     import confluent_kafka as ck
 
     stop = _on_term()
-    config = {**kafka.librdkafka_config(), "socket.nagle.disable": True}
-    consumer = ck.Consumer({**config, "group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                            "enable.partition.eof": False, "fetch.wait.max.ms": kafka.fetch_max_wait_ms,
-                            "fetch.queue.backoff.ms": 10})
-    producer = ck.Producer({**config, "acks": "all", "enable.idempotence": kafka.idempotence, "linger.ms": LINGER_MS,
-                            "max.in.flight": MAX_IN_FLIGHT})
+    consumer_config, producer_config = librdkafka_configs(kafka, group)
+    # commit() with no offsets commits what the consumer stored: here librdkafka stores each record's
+    # position as it hands it over, where the worker stores positions only once outputs are acknowledged
+    consumer = ck.Consumer({**consumer_config, "enable.auto.offset.store": True})
+    producer = ck.Producer(producer_config)
     consumer.subscribe([source])
     last = 0.0
     while not stop[0]:
@@ -76,11 +89,10 @@ def relay_librdkafka(kafka: KafkaSettings, source: str, sink: str, group: str) -
 async def relay_data_plane(kafka: KafkaSettings, client: str, source: str, sink: str, group: str) -> None:
     """The loop of a relay on a stage worker's data plane on ``client``, until SIGTERM."""
     from flowserve.kafka.clients import make_data_plane
-    from flowserve.kafka.settings import WorkerSettings
 
     stop = _on_term()
     worker = WorkerSettings.model_validate({"client": client})
-    consumer, producer, outbox = make_data_plane(kafka, worker, group_id=group, max_message_bytes=1_048_576,
+    consumer, producer, outbox = make_data_plane(kafka, worker, group_id=group, max_message_bytes=MAX_MESSAGE_BYTES,
                                                  client_id=group)
     await producer.start()
     await consumer.start()
@@ -189,5 +201,11 @@ if __name__ == "__main__":  # one relay: CLIENT BOOTSTRAP SOURCE SINK GROUP, oth
     settings = KafkaSettings.from_env(bootstrap)
     if which == "librdkafka":
         relay_librdkafka(settings, *names)
+    elif which == "native":
+        from flowserve_bench.hop_native import relay_native
+
+        source, sink, group = names
+        asyncio.run(relay_native(source, sink, *librdkafka_configs(settings, group), stop=_on_term(),
+                                 commit_every_s=COMMIT_EVERY_S))
     else:
         asyncio.run(relay_data_plane(settings, which.removeprefix("plane-"), *names))

@@ -99,13 +99,27 @@ def make_data_plane(kafka: KafkaSettings, worker: WorkerSettings, *, group_id: s
                                  client_id=client_id)
         producer = make_producer(kafka, worker, max_message_bytes=max_message_bytes, client_id=client_id)
         return consumer, producer, Outbox(producer)
-    common = {**kafka.librdkafka_config(), "client.id": client_id,
-              "topic.metadata.refresh.interval.ms": METADATA_MAX_AGE_MS,
-              # librdkafka leaves Nagle's algorithm on (asyncio, so aiokafka, turns it off): a small request
-              # written behind an unacknowledged one would wait for the peer's delayed ACK (40 ms on Linux)
-              "socket.nagle.disable": True}
-    consumer_config = {
-        **common,
+    consumer_config = librdkafka_consumer_config(kafka, worker, group_id=group_id,
+                                                 max_message_bytes=max_message_bytes, client_id=client_id)
+    producer_config = librdkafka_producer_config(kafka, worker, max_message_bytes=max_message_bytes,
+                                                 client_id=client_id)
+    producer = librdkafka.RdProducer(producer_config)
+    return librdkafka.RdConsumer(consumer_config), producer, librdkafka.RdOutbox(producer)
+
+
+def _librdkafka_common(kafka: KafkaSettings, client_id: str) -> dict[str, Any]:
+    return {**kafka.librdkafka_config(), "client.id": client_id,
+            "topic.metadata.refresh.interval.ms": METADATA_MAX_AGE_MS,
+            # librdkafka leaves Nagle's algorithm on (asyncio, so aiokafka, turns it off): a small request
+            # written behind an unacknowledged one would wait for the peer's delayed ACK (40 ms on Linux)
+            "socket.nagle.disable": True}
+
+
+def librdkafka_consumer_config(kafka: KafkaSettings, worker: WorkerSettings, *, group_id: str,
+                               max_message_bytes: int, client_id: str) -> dict[str, Any]:
+    """The librdkafka settings of a stage worker's consumer (also what hop-cpu's librdkafka floors run on)."""
+    return {
+        **_librdkafka_common(kafka, client_id),
         "group.id": group_id,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -123,8 +137,13 @@ def make_data_plane(kafka: KafkaSettings, worker: WorkerSettings, *, group_id: s
         # fetching again even when the worker has drained it meanwhile (default 1 s: a stall under backlog)
         "fetch.queue.backoff.ms": 10,
     }
-    producer_config = {
-        **common,
+
+
+def librdkafka_producer_config(kafka: KafkaSettings, worker: WorkerSettings, *, max_message_bytes: int,
+                               client_id: str) -> dict[str, Any]:
+    """The librdkafka settings of a stage worker's producer (also what hop-cpu's librdkafka floors run on)."""
+    return {
+        **_librdkafka_common(kafka, client_id),
         "acks": str(worker.acks),
         # Idempotence needs acks=all; with it a send retried after a leader change is not written twice.
         "enable.idempotence": kafka.idempotence and worker.acks == "all",
@@ -138,8 +157,6 @@ def make_data_plane(kafka: KafkaSettings, worker: WorkerSettings, *, group_id: s
         "message.timeout.ms": worker.request_timeout_ms,
         "request.timeout.ms": worker.request_timeout_ms,
     }
-    producer = librdkafka.RdProducer(producer_config)
-    return librdkafka.RdConsumer(consumer_config), producer, librdkafka.RdOutbox(producer)
 
 
 async def why_unreachable(kafka: KafkaSettings, timeout_s: float = 10.0) -> str:
