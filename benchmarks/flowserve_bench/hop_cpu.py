@@ -36,11 +36,10 @@ from flowserve.kafka.settings import KafkaSettings
 from flowserve.topology import load_topology
 from flowserve.wire.envelope import make_headers, new_request_id, new_traceparent
 from flowserve.wire.tensors import encode_tensors
-from flowserve_bench import hop_native
 from flowserve_bench.against import stop_process
 from flowserve_bench.common import console
 from flowserve_bench.hop_cpu_targets import targets
-from flowserve_bench.hop_floor import CLIENTS, Floor
+from flowserve_bench.hop_floor import CLIENTS, Floor, unavailable
 from flowserve_bench.load import Target, closed_slice, request_body
 from flowserve_bench.paired import Slice, sum_ratio, summary
 from flowserve_bench.procs import cpu_of, with_children
@@ -213,12 +212,9 @@ async def hop_cpu(kafka: KafkaSettings, *, before: str = BEFORE, topology: Path 
             floors: list[Floor] = []
             try:
                 for client in CLIENTS:
-                    if client == "native":
-                        try:
-                            await asyncio.to_thread(hop_native.build)
-                        except hop_native.NativeUnavailable as exc:
-                            console.print(f"no native floor: {exc}")
-                            continue
+                    if why := await asyncio.to_thread(unavailable, client):
+                        console.print(f"no {client} floor: {why}")
+                        continue
                     floors.append(await asyncio.to_thread(start_floor, kafka, client, spec, inputs[0]))
                 rows = await measure(sides, requests, levels, rounds=rounds, slice_s=slice_s, floors=floors)
             finally:

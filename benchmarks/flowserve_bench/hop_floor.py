@@ -34,6 +34,7 @@ from typing import Any
 
 from flowserve.kafka.clients import librdkafka_consumer_config, librdkafka_producer_config
 from flowserve.kafka.settings import KafkaSettings, WorkerSettings
+from flowserve_bench.hop_native import NativeUnavailable, build, relay_native
 from flowserve_bench.procs import cpu_of
 
 #: the relays commit at most this often, as a worker does (WorkerSettings.commit_interval_ms)
@@ -43,6 +44,17 @@ READY_S = 60.0
 #: the largest record the relays' clients are sized for, as a worker's are for its topology's default
 MAX_MESSAGE_BYTES = 1_048_576
 CLIENTS = ("librdkafka", "plane-aiokafka", "plane-librdkafka", "native")
+
+
+def unavailable(client: str) -> str | None:
+    """Why the floor on ``client`` cannot run here (None: it can). Only the native relay needs building."""
+    if client != "native":
+        return None
+    try:
+        build()
+    except NativeUnavailable as exc:
+        return str(exc)
+    return None
 
 
 def _on_term() -> list[bool]:
@@ -205,8 +217,6 @@ if __name__ == "__main__":  # one relay: CLIENT BOOTSTRAP SOURCE SINK GROUP, oth
     if which == "librdkafka":
         relay_librdkafka(settings, *names)
     elif which == "native":
-        from flowserve_bench.hop_native import relay_native
-
         source, sink, group = names
         asyncio.run(relay_native(source, sink, *librdkafka_configs(settings, group), stop=_on_term(),
                                  commit_every_s=COMMIT_EVERY_S))
